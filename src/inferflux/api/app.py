@@ -1,0 +1,86 @@
+"""`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
+
+Middleware, outer to inner: request id → (security middleware go here: CORS → audit →
+authn → rate limit, DESIGN.md §4) → body-size limit → catch-all 500 → FastAPI's
+exception handlers → routes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from inferflux import __version__
+from inferflux.api import health, stats
+from inferflux.api import openai as openai_routes
+from inferflux.api.deps import ServingState
+from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
+from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from inferflux.config.settings import Settings
+from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: Settings, *, engine: EngineClient, tokenizer: Tokenizer, model_info: ModelInfo
+) -> FastAPI:
+    """The InferFlux HTTP app. Its lifespan starts the engine and shuts it down on exit.
+
+    Raises ModelLoadError when the chat template (the GGUF's, or `model.chat_template`)
+    does not compile.
+    """
+    chat_template = ChatTemplate.from_model(
+        settings.model.chat_template or tokenizer.chat_template,
+        model_info.architecture,
+        tokenizer.bos_text,
+        tokenizer.eos_text,
+    )
+    app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
+    app.state.serving = ServingState(
+        settings=settings,
+        engine=engine,
+        tokenizer=tokenizer,
+        model_info=model_info,
+        chat_template=chat_template,
+        system_fingerprint=system_fingerprint(model_info),
+        started_at=time.monotonic(),
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(stats.router)
+    app.include_router(openai_routes.router)
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def system_fingerprint(model_info: ModelInfo) -> str:
+    """OpenAI's `system_fingerprint`: changes when the server version or model file does."""
+    key = f"{__version__}|{model_info.model_id}|{model_info.size_bytes}|{model_info.created}"
+    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    serving: ServingState = app.state.serving
+    logger.info("starting the engine for %s", serving.model_info.model_id)
+    await serving.engine.start()
+    logger.info(
+        "ready: serving %s (n_ctx %d, %s chat template)",
+        serving.model_info.model_id,
+        serving.model_info.n_ctx,
+        "fallback" if serving.chat_template.is_fallback else "the model's",
+    )
+    try:
+        yield
+    finally:
+        await serving.engine.shutdown()

@@ -1,0 +1,74 @@
+"""What route handlers may depend on, as `Annotated` aliases over `app.state`.
+
+Owns: `ServingState` (built once by `create_app`, stored as `app.state.serving`), the
+aliases that hand its parts to handlers (`EngineDep`, `ServingDep`, ...), and the JSON body
+dependencies that parse OpenAI requests with pydantic (`ChatBody`, `CompletionBody`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, TypeVar, cast
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+
+from inferflux.api.errors import invalid_request_from
+from inferflux.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from inferflux.config.settings import Settings
+from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingState:
+    """Everything the routes share. Immutable; the engine object itself is async-safe."""
+
+    settings: Settings
+    engine: EngineClient
+    tokenizer: Tokenizer
+    model_info: ModelInfo
+    chat_template: ChatTemplate
+    system_fingerprint: str
+    started_at: float  # time.monotonic() when the app was built
+
+
+def get_serving(request: Request) -> ServingState:
+    return cast(ServingState, request.app.state.serving)
+
+
+def get_engine(request: Request) -> EngineClient:
+    return get_serving(request).engine
+
+
+def get_model_info(request: Request) -> ModelInfo:
+    return get_serving(request).model_info
+
+
+ServingDep = Annotated[ServingState, Depends(get_serving)]
+EngineDep = Annotated[EngineClient, Depends(get_engine)]
+ModelInfoDep = Annotated[ModelInfo, Depends(get_model_info)]
+
+
+def json_body(model: type[BodyT]) -> Callable[[Request], Awaitable[BodyT]]:
+    """A dependency that parses the raw body as `model` (strict JSON, one pass).
+
+    Malformed JSON, invalid UTF-8, a non-object body and bad fields all raise
+    InvalidRequest (400) naming the field, instead of FastAPI's 422.
+    """
+
+    async def parse(request: Request) -> BodyT:
+        raw = await request.body()
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            raise invalid_request_from(exc.errors()) from None
+
+    return parse
+
+
+ChatBody = Annotated[ChatCompletionRequest, Depends(json_body(ChatCompletionRequest))]
+CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]

@@ -1,0 +1,183 @@
+"""Every error leaves the server as the OpenAI envelope; this module holds the only handlers.
+
+`{"error": {"message", "type", "param", "code"}}` with the status of the `InferfluxError`
+subclass (see `errors.py`). Owns: rendering `InferfluxError`, turning pydantic and FastAPI
+validation errors into a 400 whose `param` names the field (never FastAPI's 422), the
+envelope for Starlette's 404/405, and `CatchAllMiddleware`, which turns any other exception
+into a logged 500 envelope (never a traceback, never prompt text).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferflux.errors import InferfluxError, InvalidRequest, ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+_FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "none_required": "null",
+}
+
+
+def error_response(exc: InferfluxError) -> Response:
+    """The envelope response for `exc` (with Retry-After when the client should retry)."""
+    headers = (
+        {"retry-after": str(exc.retry_after_s)} if isinstance(exc, ServiceUnavailable) else None
+    )
+    return Response(
+        msgspec.json.encode(exc.to_body()),
+        status_code=exc.http_status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def invalid_request_from(errors: Sequence[ErrorDetails] | Sequence[Any]) -> InvalidRequest:
+    """A 400 naming the most specific failing field of a pydantic/FastAPI error list.
+
+    `Any`: FastAPI's RequestValidationError.errors() is typed as a sequence of Any.
+    """
+    if not errors:
+        return InvalidRequest("the request body is invalid")
+    ranked = [(_param_of(err["loc"]), err) for err in errors]
+    depth = max(len(param or "") for param, _ in ranked)
+    param, first = next((p, e) for p, e in ranked if len(p or "") == depth)
+    siblings = [e for p, e in ranked if p == param]
+    return InvalidRequest(_describe(param, first, siblings), param=param)
+
+
+def _param_of(loc: Sequence[int | str]) -> str | None:
+    """`("messages", 0, "str", "content")` → `messages[0].content` (union tags dropped)."""
+    parts = list(loc)
+    if parts and parts[0] in _LOCATIONS:
+        parts = parts[1:]
+    param = ""
+    for part in parts:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif _FIELD_NAME.fullmatch(part) and part not in _TYPE_TAGS:
+            param += f".{part}" if param else part
+    return param or None
+
+
+def _describe(param: str | None, first: Any, siblings: list[Any]) -> str:  # Any: error dict
+    kind = first["type"]
+    if param is None:
+        if kind == "json_invalid":
+            return f"the request body is not valid JSON: {first['msg']}"
+        if kind in ("model_type", "model_attributes_type", "dict_type"):
+            return "the request body must be a JSON object"
+        return f"the request body is invalid: {first['msg']}"
+    if kind == "missing":
+        return f"missing required parameter '{param}'"
+    if kind == "extra_forbidden":
+        return f"unrecognized request argument supplied: '{param}'"
+    expected = [_EXPECTED[e["type"]] for e in siblings if e["type"] in _EXPECTED]
+    if len(expected) == len(siblings) and expected:
+        return f"invalid type for '{param}': expected {' or '.join(dict.fromkeys(expected))}"
+    return f"invalid value for '{param}': {first['msg']}"
+
+
+async def _inferflux_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, InferfluxError)  # NOTE: registered for InferfluxError only
+    return error_response(exc)
+
+
+async def _validation_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError | ValidationError)
+    return error_response(invalid_request_from(exc.errors()))
+
+
+async def _http_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    error = InferfluxError(_http_message(request, exc))
+    error.http_status = exc.status_code
+    error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    error.code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    response = error_response(error)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request"}
+
+
+def _http_message(request: Request, exc: StarletteHTTPException) -> str:
+    if exc.status_code == 404:
+        return f"no route {request.url.path}; see GET /v1/models and docs/api.md"
+    if exc.status_code == 405:
+        return f"method {request.method} is not allowed on {request.url.path}"
+    return str(exc.detail)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers; add `CatchAllMiddleware` innermost for everything else."""
+    app.add_exception_handler(InferfluxError, _inferflux_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+
+
+class CatchAllMiddleware:
+    """Pure ASGI: an unexpected exception becomes a logged 500 envelope, not a traceback.
+
+    Starlette's own catch-all (ServerErrorMiddleware) re-raises after responding, so the
+    server logs the error twice; this middleware logs once and stops it. If the response had
+    already started (a stream), it can only log and re-raise so the connection is dropped.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as exc:
+            # Type, route and stack frames only: the message could quote the prompt.
+            logger.error(
+                "unhandled %s on %s %s; traceback (message omitted):\n%s",
+                type(exc).__name__,
+                scope.get("method"),
+                scope.get("path"),
+                "".join(traceback.format_tb(exc.__traceback__)),
+            )
+            if started:
+                raise
+            error = InferfluxError("internal server error; the failure was logged")
+            error.code = "internal_error"
+            await error_response(error)(scope, receive, send)

@@ -1,0 +1,32 @@
+"""Kubernetes probes: /healthz and /livez (the process answers), /readyz (the engine does).
+
+These are the only public routes (no auth, ever); they touch nothing but `engine.ready`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from inferflux.api.deps import EngineDep
+from inferflux.api.errors import error_response
+from inferflux.errors import NoWorkerReady
+
+router = APIRouter(tags=["health"])
+
+_OK = b'{"status":"ok"}'
+
+
+@router.get("/healthz")
+@router.get("/livez")
+async def live() -> Response:
+    """200 while the API process serves HTTP, whatever the engine's state."""
+    return Response(_OK, media_type="application/json")
+
+
+@router.get("/readyz")
+async def ready(engine: EngineDep) -> Response:
+    """200 while at least one engine worker takes requests; else 503 (OpenAI envelope)."""
+    if not engine.ready:
+        return error_response(NoWorkerReady("no engine worker is ready yet"))
+    return Response(_OK, media_type="application/json")

@@ -1,0 +1,33 @@
+"""GET /v1/models: the one served model, in OpenAI's list shape plus InferFlux `meta`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from inferflux.api.deps import ModelInfoDep
+from inferflux.engine.protocol import ModelInfo
+
+router = APIRouter(tags=["openai"])
+
+
+def model_card(info: ModelInfo) -> dict[str, object]:
+    """OpenAI's model object for `info`, with llama.cpp facts under `meta`."""
+    return {
+        "id": info.model_id,
+        "object": "model",
+        "created": info.created,
+        "owned_by": "inferflux",
+        "meta": {
+            "architecture": info.architecture,
+            "n_ctx": info.n_ctx,
+            "n_ctx_train": info.n_ctx_train,
+            "n_vocab": info.n_vocab,
+            "size_bytes": info.size_bytes,
+        },
+    }
+
+
+@router.get("/v1/models")
+async def list_models(info: ModelInfoDep) -> dict[str, object]:
+    """The models this server serves (one, for now)."""
+    return {"object": "list", "data": [model_card(info)]}

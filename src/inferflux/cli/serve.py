@@ -1,0 +1,115 @@
+"""`inferflux serve`: settings → logging → model → engine client → app → uvicorn.
+
+Exit codes: 2 for an invalid configuration (the message names the key and the fix), 1 when
+the model cannot be loaded, 3 (uvicorn's) when the engine fails to start.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from inferflux.api import create_app
+from inferflux.config.loader import load_settings
+from inferflux.config.settings import Settings
+from inferflux.engine import load_served_model, make_engine_client
+from inferflux.engine.protocol import ModelInfo
+from inferflux.errors import ConfigError, ModelLoadError
+from inferflux.observability.logging import configure_logging
+
+EXIT_CONFIG_ERROR = 2
+EXIT_MODEL_ERROR = 1
+GRACEFUL_SHUTDOWN_S = 10
+
+app = typer.Typer(
+    name="inferflux",
+    help="InferFlux: an OpenAI-compatible LLM inference server on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """InferFlux: an OpenAI-compatible LLM inference server on llama.cpp."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (server.port).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="GGUF file to serve (model.path). Default: SmolLM2-135M.")
+    ] = None,
+    model_id: Annotated[
+        str | None, typer.Option(help="Model id clients send as `model` (model.id).")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config file.")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Engine worker processes (runtime.workers).")
+    ] = None,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Run the engine on a thread (debugging).")
+    ] = False,
+) -> None:
+    """Serve a GGUF model over the OpenAI API. Flags override env vars and the config file."""
+    overrides = {
+        "server.host": host,
+        "server.port": port,
+        "model.path": model,
+        "model.id": model_id,
+        "runtime.workers": workers,
+        "runtime.in_process": True if in_process else None,
+    }
+    try:
+        settings = load_settings(config, overrides=overrides)
+    except ConfigError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
+    configure_logging(settings.observability)
+    try:
+        model_info, tokenizer = load_served_model(settings)
+        engine = make_engine_client(settings, model_info)
+        asgi_app = create_app(settings, engine=engine, tokenizer=tokenizer, model_info=model_info)
+    except ModelLoadError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_MODEL_ERROR) from None
+    typer.echo(startup_banner(settings, model_info))
+    uvicorn.run(
+        asgi_app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
+    """The URL and a ready-to-paste curl for the chat endpoint."""
+    host = settings.server.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    base = f"http://{shown}:{settings.server.port}"
+    body = (
+        f'{{"model": "{model_info.model_id}", "messages": '
+        '[{"role": "user", "content": "Say hello in five words."}], "max_tokens": 32}'
+    )
+    curl = (
+        f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(body)}"
+    )
+    return (
+        f"InferFlux serving {model_info.model_id} on {base} "
+        f"(ready once {base}/readyz answers 200)\n"
+        f"Try:\n  {curl}"
+    )
+
+
+def main() -> None:
+    """Console-script entry point (`inferflux`)."""
+    app()

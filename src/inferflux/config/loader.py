@@ -1,0 +1,145 @@
+"""Builds `Settings` from three layers: YAML file < `INFERFLUX_*` env vars < CLI flags.
+
+This is the only module that reads config files or `os.environ` (besides `cli/` for
+`INFERCTL_*`). Env vars name nested keys with `__` (`INFERFLUX_SERVER__PORT=9000`); the
+names the spec uses are aliases (`INFERFLUX_MODEL_PATH`). Every validation error names
+the key, the value, where it came from, and the fix.
+
+Why not pydantic-settings' own sources: merging the layers here keeps track of which
+layer set each key, so an error can say "env INFERFLUX_SERVER__PORT" instead of a bare
+field path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from inferflux.config.settings import Settings
+from inferflux.errors import ConfigError
+
+ENV_PREFIX = "INFERFLUX_"
+
+# Spec-named env vars → dotted keys.
+ENV_ALIASES: dict[str, str] = {
+    "INFERFLUX_MODEL_PATH": "model.path",
+    "INFERFLUX_MODEL_ID": "model.id",
+    "INFERFLUX_HOST": "server.host",
+    "INFERFLUX_PORT": "server.port",
+    "INFERFLUX_WORKERS": "runtime.workers",
+    "INFERFLUX_LOG_LEVEL": "observability.log_level",
+    "INFERFLUX_LOG_FORMAT": "observability.log_format",
+}
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge the layers and validate. Raises ConfigError naming key, value, source and fix.
+
+    `overrides` maps dotted keys (`"server.port"`) to values, as CLI flags give them;
+    None values are skipped (flag not given).
+    """
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config_file is not None:
+        _merge(merged, sources, _read_yaml(Path(config_file)), f"file {config_file}")
+    for key, (value, source) in _env_layer(os.environ if env is None else env).items():
+        _put(merged, sources, key, value, source)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _put(merged, sources, key, value, "command line")
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, sources)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist: fix the --config path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list/scalar")
+    return data
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Dotted key → (value, source). Deterministic whatever the order of `env`: the
+    `__` names override the aliases, and `__` names are read in sorted order."""
+    layer: dict[str, tuple[str, str]] = {}
+    for name, key in ENV_ALIASES.items():
+        if name in env:
+            layer[key] = (env[name], f"env {name}")
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            layer[key] = (env[name], f"env {name}")
+    return layer
+
+
+def _merge(target: dict[str, Any], sources: dict[str, str], data: dict[str, Any], src: str) -> None:
+    for section, values in data.items():
+        if values is None:  # `server:` with every key commented out: an empty section
+            continue
+        if isinstance(values, dict):
+            for key, value in values.items():
+                _put(target, sources, f"{section}.{key}", value, src)
+        else:
+            target[section] = values
+            sources[str(section)] = src
+
+
+def _put(  # Any: raw config values, validated by Settings afterwards
+    target: dict[str, Any], sources: dict[str, str], dotted: str, value: Any, source: str
+) -> None:
+    *parents, leaf = dotted.split(".")
+    node = target
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"{dotted} ({source}): {part} must be a section (a mapping), not {child!r}"
+            )
+        node = child
+    node[leaf] = value
+    sources[dotted] = source
+
+
+def _source_of(key: str, sources: dict[str, str]) -> str:
+    """Where `key` was set; for a section (an unknown one, say), where its first key was."""
+    if key in sources:
+        return sources[key]
+    inner = sorted(k for k in sources if k.startswith(f"{key}."))
+    return sources[inner[0]] if inner else "default"
+
+
+def _describe(exc: ValidationError, sources: dict[str, str]) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        source = _source_of(key, sources)
+        if err["type"] == "extra_forbidden":
+            lines.append(
+                f"  {key} ({source}): unknown key; remove it or check the spelling "
+                "(docs/configuration.md lists every key)"
+            )
+            continue
+        value = err.get("input")
+        lines.append(f"  {key} = {value!r} ({source}): {err['msg']}; set a valid {key}")
+    return "\n".join(lines)

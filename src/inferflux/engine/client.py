@@ -1,0 +1,315 @@
+"""`WorkerPoolClient`: the API process's `EngineClient` over worker processes (or threads).
+
+Owns: spawning workers, routing each request to the least-loaded ready worker, one
+receive loop that dispatches every `StepOutputs` delta to its request's asyncio.Queue,
+and a watchdog that notices a dead worker within `_WATCHDOG_S`, fails its in-flight
+requests with EngineDeadError, and starts a replacement. Does not own: engine logic.
+
+Sockets: the API binds one PULL socket for all worker output and one PUSH socket per
+worker generation (a replacement gets a fresh address, so nothing queued for the dead
+worker reaches the new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from inferflux.config.settings import Settings
+from inferflux.engine.backends.llama_cpp import ContextConfig
+from inferflux.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    RequestDelta,
+    Shutdown,
+    StepOutputs,
+    WorkerFailed,
+    WorkerReady,
+    decode_output,
+    encode,
+)
+from inferflux.engine.protocol import EngineClient, ModelInfo, WorkerStatus
+from inferflux.engine.worker import WorkerConfig, run_worker, worker_process_main
+from inferflux.errors import EngineDeadError, ModelLoadError, NoWorkerReady
+
+logger = logging.getLogger(__name__)
+
+_WATCHDOG_S = 0.2
+_MAX_RESTART_DELAY_S = 30.0
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    worker_id: int
+    generation: int = 0
+    socket: zmq.asyncio.Socket | None = None
+    process: mp.process.BaseProcess | None = None
+    thread: threading.Thread | None = None
+    pid: int | None = None
+    ready: bool = False
+    failed: str | None = None
+    restarts: int = 0
+    restart_at: float = 0.0
+    in_flight: set[str] = field(default_factory=set)
+    stats: EngineStats = field(default_factory=EngineStats)
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.is_alive()
+        return self.thread is not None and self.thread.is_alive()
+
+
+class WorkerPoolClient:
+    """EngineClient over `settings.runtime.workers` engine workers."""
+
+    def __init__(self, settings: Settings, model_info: ModelInfo) -> None:
+        self.settings = settings
+        self.model_info = model_info
+        self._in_process = settings.runtime.in_process
+        self._workers = [_Worker(worker_id=i) for i in range(settings.runtime.workers)]
+        self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], _Worker]] = {}
+        self._zmq = zmq.asyncio.Context()
+        self._ipc_dir = ""
+        self._output: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # -- EngineClient -----------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return any(w.ready for w in self._workers)
+
+    async def start(self) -> None:
+        self._ipc_dir = tempfile.mkdtemp(prefix="inferflux-ipc-")
+        self._output = self._zmq.socket(zmq.PULL)
+        self._output.bind(f"ipc://{self._ipc_dir}/out")
+        for worker in self._workers:
+            self._spawn(worker)
+        self._tasks = [
+            asyncio.create_task(self._receive_loop(), name="engine-receive"),
+            asyncio.create_task(self._watchdog(), name="engine-watchdog"),
+        ]
+        await self._wait_first_ready()
+
+    async def _wait_first_ready(self) -> None:
+        deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
+        while not self.ready:
+            failures = [w.failed for w in self._workers if w.failed]
+            if len(failures) == len(self._workers):
+                raise ModelLoadError(f"no worker could load the model: {failures[0]}")
+            if time.monotonic() > deadline:
+                raise ModelLoadError("no worker became ready within runtime.worker_start_timeout_s")
+            await asyncio.sleep(0.02)
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        for worker in self._workers:
+            if worker.socket is not None and worker.alive():
+                with contextlib.suppress(zmq.ZMQError):
+                    await worker.socket.send(encode(Shutdown()))
+        await asyncio.to_thread(self._join_all, 5.0)
+        for task in self._tasks:
+            task.cancel()
+        for worker in self._workers:
+            self._fail_in_flight(worker, EngineDeadError("the server is shutting down"))
+            if worker.socket is not None:
+                worker.socket.close(linger=0)
+        if self._output is not None:
+            self._output.close(linger=0)
+        self._zmq.term()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
+        worker = self._pick_worker()
+        queue: asyncio.Queue[RequestDelta | Exception] = asyncio.Queue()
+        request_id = request.request_id
+        self._queues[request_id] = (queue, worker)
+        worker.in_flight.add(request_id)
+        assert worker.socket is not None  # NOTE: ready workers always have a socket
+        finished = False
+        try:
+            await worker.socket.send(encode(request))
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            self._forget(request_id)
+            if not finished:
+                await self._send_abort(worker, request_id)
+
+    async def abort(self, request_id: str) -> None:
+        entry = self._queues.get(request_id)
+        if entry is not None:
+            await self._send_abort(entry[1], request_id)
+
+    def workers(self) -> list[WorkerStatus]:
+        return [
+            WorkerStatus(
+                worker_id=w.worker_id,
+                pid=w.pid,
+                ready=w.ready,
+                restarts=w.restarts,
+                num_in_flight=len(w.in_flight),
+                stats=w.stats,
+            )
+            for w in self._workers
+        ]
+
+    # -- routing and dispatch -------------------------------------------------------------
+    def _pick_worker(self) -> _Worker:
+        ready = [w for w in self._workers if w.ready]
+        if not ready:
+            raise NoWorkerReady("no engine worker is ready; retry shortly")
+        return min(ready, key=lambda w: len(w.in_flight))
+
+    def _forget(self, request_id: str) -> None:
+        entry = self._queues.pop(request_id, None)
+        if entry is not None:
+            entry[1].in_flight.discard(request_id)
+
+    async def _send_abort(self, worker: _Worker, request_id: str) -> None:
+        if worker.socket is not None and worker.ready:
+            with contextlib.suppress(zmq.ZMQError):
+                await worker.socket.send(encode(AbortRequests([request_id])))
+
+    async def _receive_loop(self) -> None:
+        assert self._output is not None
+        while True:
+            message = decode_output(await self._output.recv())
+            worker = self._workers[message.worker_id]
+            if message.generation != worker.generation:
+                continue  # from a worker that has been replaced
+            if isinstance(message, StepOutputs):
+                worker.stats = message.stats
+                self._dispatch(message.deltas)
+            elif isinstance(message, WorkerReady):
+                worker.ready, worker.pid, worker.failed = True, message.pid, None
+                logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
+            elif isinstance(message, WorkerFailed):
+                worker.failed = message.message
+
+    def _dispatch(self, deltas: list[RequestDelta]) -> None:
+        for delta in deltas:
+            entry = self._queues.get(delta.request_id)
+            if entry is not None:
+                entry[0].put_nowait(delta)
+
+    def _fail_in_flight(self, worker: _Worker, error: Exception) -> None:
+        for request_id in list(worker.in_flight):
+            entry = self._queues.get(request_id)
+            if entry is not None:
+                entry[0].put_nowait(error)
+        worker.in_flight.clear()
+
+    # -- worker lifecycle -----------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(_WATCHDOG_S)
+            now = time.monotonic()
+            for worker in self._workers:
+                if worker.restart_at and now >= worker.restart_at and not self._closing:
+                    worker.restart_at = 0.0
+                    self._spawn(worker)
+                elif not worker.restart_at and not worker.alive() and not self._closing:
+                    self._on_worker_died(worker, now)
+
+    def _on_worker_died(self, worker: _Worker, now: float) -> None:
+        exitcode = worker.process.exitcode if worker.process is not None else None
+        logger.error(
+            "worker %d (pid %s) died (exit code %s); failing %d in-flight requests and restarting",
+            worker.worker_id,
+            worker.pid,
+            exitcode,
+            len(worker.in_flight),
+        )
+        worker.ready = False
+        self._fail_in_flight(worker, EngineDeadError("the engine worker died; retry the request"))
+        worker.restarts += 1
+        delay = 0.0 if worker.failed is None else min(2.0**worker.restarts, _MAX_RESTART_DELAY_S)
+        worker.restart_at = now + delay
+
+    def _spawn(self, worker: _Worker) -> None:
+        if worker.socket is not None:
+            worker.socket.close(linger=0)
+        worker.generation += 1
+        worker.ready, worker.pid = False, None
+        address = f"ipc://{self._ipc_dir}/in-{worker.worker_id}-{worker.generation}"
+        worker.socket = self._zmq.socket(zmq.PUSH)
+        worker.socket.bind(address)
+        config = self._worker_config(worker, address)
+        if self._in_process:
+            worker.thread = threading.Thread(
+                target=run_worker, args=(config,), name=f"engine-{worker.worker_id}", daemon=True
+            )
+            worker.thread.start()
+            worker.pid = os.getpid()
+            return
+        worker.process = mp.get_context("spawn").Process(
+            target=worker_process_main,
+            args=(config,),
+            name=f"inferflux-worker-{worker.worker_id}",
+            daemon=True,
+        )
+        worker.process.start()
+        worker.pid = worker.process.pid
+
+    def _worker_config(self, worker: _Worker, input_address: str) -> WorkerConfig:
+        runtime, scheduler = self.settings.runtime, self.settings.scheduler
+        n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
+        context = ContextConfig(
+            model_path=self.model_info.path,
+            n_ctx_per_seq=self.model_info.n_ctx,
+            n_seq_max=scheduler.max_num_seqs,
+            n_batch=scheduler.max_batch_tokens,
+            n_threads=n_threads,
+            n_threads_batch=runtime.n_threads_batch or n_threads,
+            kv_unified=runtime.kv_unified,
+            n_gpu_layers=runtime.n_gpu_layers,
+        )
+        return WorkerConfig(
+            worker_id=worker.worker_id,
+            generation=worker.generation,
+            input_address=input_address,
+            output_address=f"ipc://{self._ipc_dir}/out",
+            context=context,
+            max_num_seqs=scheduler.max_num_seqs,
+            max_batch_tokens=scheduler.max_batch_tokens,
+            observability=self.settings.observability,
+            exit_with_parent=not self._in_process,
+        )
+
+    def _join_all(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for worker in self._workers:
+            remaining = max(0.0, deadline - time.monotonic())
+            if worker.process is not None:
+                worker.process.join(remaining)
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join(1.0)
+            elif worker.thread is not None:
+                worker.thread.join(remaining)
+
+
+def make_engine_client(settings: Settings, model_info: ModelInfo) -> EngineClient:
+    """The EngineClient for these settings (worker processes, or threads if in_process)."""
+    return WorkerPoolClient(settings, model_info)

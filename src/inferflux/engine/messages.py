@@ -1,0 +1,151 @@
+"""Every message that crosses the API ⇄ worker boundary, as msgspec Structs.
+
+This module owns the wire contract only: no logic, no I/O. Messages are encoded with
+msgpack (`encode`/`decode_input`/`decode_output`). A worker sends one `StepOutputs` per
+engine step carrying the deltas of all its requests, never one message per token.
+
+API → worker: `AddRequest`, `AbortRequests`, `Shutdown`.
+Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import cast
+
+import msgspec
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended. Ordering carries no meaning; the OpenAI mapping is in
+    `OPENAI_FINISH_REASON` (the one table API code uses)."""
+
+    STOP = "stop"  # an end-of-generation token
+    STOP_SEQUENCE = "stop_sequence"  # a stop string matched (its text is never streamed)
+    LENGTH = "length"  # max_tokens, or the context is full
+    ABORT = "abort"  # cancelled: client gone, or shutdown
+    ERROR = "error"  # failed inside the engine; `RequestDelta.error` says why
+
+
+OPENAI_FINISH_REASON: dict[FinishReason, str] = {
+    FinishReason.STOP: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "stop",
+    FinishReason.ERROR: "error",
+}
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How one request samples. Validated at the API edge; the engine trusts it."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None  # None = a fresh random seed per request
+    repeat_penalty: float = 1.0  # 1 = off (llama.cpp semantics)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64  # how many recent generated tokens penalties look at
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    stop: list[str] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class AddRequest(msgspec.Struct, tag="add", kw_only=True):
+    """Start generating for a tokenized prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+
+
+class AbortRequests(msgspec.Struct, tag="abort"):
+    """Stop these requests at the next step and free their KV. Unknown ids are ignored."""
+
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    """Abort everything and exit the worker loop."""
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown
+
+
+class RequestDelta(msgspec.Struct, kw_only=True):
+    """What one request produced in one step.
+
+    `text` is safe to show: UTF-8 complete, and with any text that might still turn into
+    a stop string held back. `finish_reason` is set on the request's last delta only.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+class EngineStats(msgspec.Struct, kw_only=True):
+    """A worker's state after its latest step (or when idle)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_steps: int = 0
+    num_prompt_tokens_total: int = 0
+    num_generated_tokens_total: int = 0
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+
+
+class WorkerReady(msgspec.Struct, tag="ready", kw_only=True):
+    """The worker loaded its model and takes requests."""
+
+    worker_id: int
+    generation: int
+    pid: int
+    load_s: float
+
+
+class WorkerFailed(msgspec.Struct, tag="failed", kw_only=True):
+    """The worker could not start (the model failed to load); it exits after sending."""
+
+    worker_id: int
+    generation: int
+    message: str
+
+
+class StepOutputs(msgspec.Struct, tag="step", kw_only=True):
+    """All deltas of one engine step of one worker, plus its stats."""
+
+    worker_id: int
+    generation: int
+    deltas: list[RequestDelta]
+    stats: EngineStats
+
+
+EngineOutput = WorkerReady | WorkerFailed | StepOutputs
+
+_encoder = msgspec.msgpack.Encoder()
+_input_decoder = msgspec.msgpack.Decoder(EngineInput)
+_output_decoder = msgspec.msgpack.Decoder(EngineOutput)
+
+
+def encode(message: EngineInput | EngineOutput) -> bytes:
+    """Serialize any message of this module."""
+    return _encoder.encode(message)
+
+
+def decode_input(data: bytes) -> EngineInput:
+    """Parse a message sent to a worker."""
+    return cast(EngineInput, _input_decoder.decode(data))
+
+
+def decode_output(data: bytes) -> EngineOutput:
+    """Parse a message sent by a worker."""
+    return cast(EngineOutput, _output_decoder.decode(data))

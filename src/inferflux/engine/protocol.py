@@ -1,0 +1,96 @@
+"""The seams between the API process and the engine: `EngineClient`, `Tokenizer`, `ModelInfo`.
+
+The API layer depends on these Protocols only. `engine/client.py` implements
+`EngineClient` over worker processes (or a thread, in-process mode); the llama.cpp
+backend implements `Tokenizer` with a vocab-only model load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the API needs to know about the served model."""
+
+    model_id: str
+    path: str
+    architecture: str
+    n_ctx: int  # per-request context (prompt + generated tokens), in tokens
+    n_ctx_train: int
+    n_vocab: int
+    size_bytes: int
+    created: int  # file mtime, unix seconds (OpenAI `created`)
+    has_chat_template: bool  # True when the GGUF carries `tokenizer.chat_template`
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker as the API process sees it."""
+
+    worker_id: int
+    pid: int | None
+    ready: bool
+    restarts: int
+    num_in_flight: int
+    stats: EngineStats
+
+
+class Tokenizer(Protocol):
+    """Text ⇄ token ids for one model. Thread-safe for reads; never touches a context."""
+
+    @property
+    def bos_text(self) -> str: ...
+
+    @property
+    def eos_text(self) -> str: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of `text`; `add_special` adds BOS/EOS as the model wants them."""
+        ...
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """Text of `token_ids`, special tokens rendered as empty."""
+        ...
+
+
+class EngineClient(Protocol):
+    """How the API process talks to the engine. Async only; safe on one event loop."""
+
+    @property
+    def ready(self) -> bool:
+        """True while at least one worker takes requests."""
+        ...
+
+    async def start(self) -> None:
+        """Start the workers and return once one is ready (raises ModelLoadError if none)."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Abort everything and stop the workers."""
+        ...
+
+    def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
+        """Submit `request` and yield its deltas until one carries a finish_reason.
+
+        Closing the iterator early (client disconnect) aborts the request in the
+        engine. Raises NoWorkerReady before submitting when no worker is ready, and
+        EngineDeadError if the worker dies mid-request.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request at the engine's next step. Unknown ids are ignored."""
+        ...
+
+    def workers(self) -> list[WorkerStatus]:
+        """A snapshot of every worker."""
+        ...

@@ -1,0 +1,188 @@
+"""The worker loop: drive `EngineCore.step()` and move messages over ZeroMQ.
+
+Owns: building the engine from a picklable `WorkerConfig`, the receive → step → send
+loop, and exiting when the API process is gone. Does not own: any engine logic (core.py).
+The same `run_worker` runs in a spawned process (default) or on a thread (in-process
+mode); only `WorkerConfig.exit_with_parent` and signal handling differ.
+
+Per step the worker sends at most one `StepOutputs`, carrying the deltas of every
+request that changed. While idle it blocks on the input socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from inferflux.config.settings import ObservabilitySettings
+from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+from inferflux.engine.core import EngineCore
+from inferflux.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    RequestDelta,
+    Shutdown,
+    StepOutputs,
+    WorkerFailed,
+    WorkerReady,
+    decode_input,
+    encode,
+)
+from inferflux.errors import InferfluxError
+from inferflux.observability.logging import configure_logging
+from inferflux.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 250
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything a worker needs; pickled into spawned processes."""
+
+    worker_id: int
+    generation: int
+    input_address: str
+    output_address: str
+    context: ContextConfig
+    max_num_seqs: int
+    max_batch_tokens: int
+    observability: ObservabilitySettings
+    exit_with_parent: bool = True
+
+
+def build_engine_core(config: WorkerConfig) -> EngineCore:
+    """Load the model and wire backend + scheduler. Raises ModelLoadError."""
+    backend = LlamaCppBackend(config.context)
+    scheduler = Scheduler(
+        max_num_seqs=config.max_num_seqs,
+        max_batch_tokens=config.max_batch_tokens,
+        kv_capacity=backend.n_ctx_total if config.context.kv_unified else None,
+    )
+    return EngineCore(backend, scheduler)
+
+
+def worker_process_main(config: WorkerConfig) -> None:
+    """Entry point of a spawned worker process."""
+    # NOTE: Ctrl-C reaches the whole process group; the API process coordinates
+    # shutdown, so the worker ignores SIGINT instead of dying mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(config.observability)
+    run_worker(config)
+
+
+def run_worker(config: WorkerConfig) -> None:
+    """Load the engine, report ready (or failed), then serve until Shutdown.
+
+    Uses a ZeroMQ context of its own (ipc:// works across contexts), so the same code
+    serves a spawned process and a thread of the API process.
+    """
+    zmq_context = zmq.Context()
+    try:
+        _serve(config, zmq_context)
+    finally:
+        zmq_context.term()
+
+
+def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) -> None:
+    output = zmq_context.socket(zmq.PUSH)
+    output.setsockopt(zmq.LINGER, 2000)
+    output.connect(config.output_address)
+    inputs = zmq_context.socket(zmq.PULL)
+    inputs.setsockopt(zmq.LINGER, 0)
+    inputs.connect(config.input_address)
+    started_at = time.monotonic()
+    try:
+        core = build_engine_core(config)
+    except InferfluxError as exc:
+        logger.error("worker %d failed to start: %s", config.worker_id, exc.message)
+        output.send(
+            encode(
+                WorkerFailed(
+                    worker_id=config.worker_id, generation=config.generation, message=exc.message
+                )
+            )
+        )
+        output.close()
+        inputs.close()
+        return
+    ready = WorkerReady(
+        worker_id=config.worker_id,
+        generation=config.generation,
+        pid=os.getpid(),
+        load_s=time.monotonic() - started_at,
+    )
+    output.send(encode(ready))
+    logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
+    try:
+        _WorkerLoop(core, inputs, output, config).run()
+    finally:
+        core.close()
+        inputs.close()
+        output.close()
+
+
+class _WorkerLoop:
+    def __init__(
+        self,
+        core: EngineCore,
+        inputs: zmq.Socket[bytes],
+        output: zmq.Socket[bytes],
+        config: WorkerConfig,
+    ) -> None:
+        self.core = core
+        self.inputs = inputs
+        self.output = output
+        self.config = config
+        self.parent_pid = os.getppid()
+        self.poller = zmq.Poller()
+        self.poller.register(inputs, zmq.POLLIN)
+
+    def run(self) -> None:
+        while True:
+            timeout = 0 if self.core.has_work() else _IDLE_POLL_MS
+            deltas: list[RequestDelta] = []
+            if self.poller.poll(timeout) and self._drain_inputs(deltas):
+                self._send(deltas)
+                return
+            if self.core.has_work():
+                deltas.extend(self.core.step())
+            if deltas:
+                self._send(deltas)
+            elif not self.core.has_work() and self._orphaned():
+                logger.warning("worker %d: API process is gone; exiting", self.config.worker_id)
+                return
+
+    def _drain_inputs(self, deltas: list[RequestDelta]) -> bool:
+        """Apply every queued message. Returns True on Shutdown (after aborting all)."""
+        while True:
+            try:
+                data = self.inputs.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            message = decode_input(data)
+            if isinstance(message, AddRequest):
+                deltas.extend(self.core.add_request(message))
+            elif isinstance(message, AbortRequests):
+                deltas.extend(self.core.abort_requests(message.request_ids))
+            elif isinstance(message, Shutdown):
+                deltas.extend(self.core.abort_requests(self.core.request_ids()))
+                return True
+
+    def _send(self, deltas: list[RequestDelta]) -> None:
+        message = StepOutputs(
+            worker_id=self.config.worker_id,
+            generation=self.config.generation,
+            deltas=deltas,
+            stats=self.core.stats(),
+        )
+        self.output.send(encode(message))
+
+    def _orphaned(self) -> bool:
+        return self.config.exit_with_parent and os.getppid() != self.parent_pid

@@ -1,0 +1,112 @@
+"""The one exception tree of InferFlux.
+
+Every error raised on purpose derives from `InferfluxError`. Each class carries the
+HTTP status and the OpenAI error `type`/`code` it maps to, so `api/errors.py` can render
+any of them as `{"error": {"message", "type", "param", "code"}}` without guessing.
+
+    InferfluxError                      500 server_error
+    ├── InvalidRequest                  400 invalid_request_error
+    │   ├── ContextLengthExceeded       400 context_length_exceeded
+    │   └── RequestTooLarge             413 request_too_large
+    ├── ModelNotFound                   404 model_not_found
+    ├── ServiceUnavailable              503 service_unavailable
+    │   └── NoWorkerReady               503 no_worker_ready
+    ├── EngineError                     500 engine_error (a request failed inside the engine)
+    │   └── EngineDeadError             500 worker_died (its worker process died)
+    ├── ModelLoadError                  model file missing or unreadable (startup: exit non-zero)
+    └── ConfigError                     invalid configuration (startup: exit non-zero)
+"""
+
+from __future__ import annotations
+
+
+class InferfluxError(Exception):
+    """Base of every InferFlux error."""
+
+    http_status: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def to_body(self) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error envelope for this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(InferfluxError):
+    """The request is malformed or asks for something impossible."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt plus max_tokens does not fit the model context."""
+
+    code = "context_length_exceeded"
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request body is larger than `server.max_request_bytes`."""
+
+    http_status = 413
+    code = "request_too_large"
+
+
+class ModelNotFound(InferfluxError):
+    """The request names a model this server does not serve."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ServiceUnavailable(InferfluxError):
+    """The server cannot take the request now; the client may retry."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "service_unavailable"
+    retry_after_s: int = 1
+
+
+class NoWorkerReady(ServiceUnavailable):
+    """No engine worker is ready (still loading, or restarting after a crash)."""
+
+    code = "no_worker_ready"
+
+
+class EngineError(InferfluxError):
+    """A request failed inside the engine; other requests in the batch go on."""
+
+    code = "engine_error"
+
+
+class EngineDeadError(EngineError):
+    """The worker process serving the request died."""
+
+    code = "worker_died"
+
+
+class ModelLoadError(InferfluxError):
+    """The model file is missing, unreadable, or llama.cpp refused it."""
+
+    code = "model_load_error"
+
+
+class ConfigError(InferfluxError):
+    """The configuration is invalid; the message names the key, the value and the fix."""
+
+    code = "config_error"

