@@ -17,10 +17,10 @@ from fastapi import FastAPI
 
 from inferflux import __version__
 from inferflux.api import health, stats
-from inferflux.api import openai as openai_routes
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from inferflux.api.openai import chat, completions, models
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
@@ -55,7 +55,9 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(stats.router)
-    app.include_router(openai_routes.router)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(models.router)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)

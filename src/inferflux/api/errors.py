@@ -135,6 +135,17 @@ def _http_message(request: Request, exc: StarletteHTTPException) -> str:
     return str(exc.detail)
 
 
+def log_unexpected(exc: BaseException, where: str) -> None:
+    """Log an unexpected exception: type, place and stack frames, never its message (it
+    could quote the prompt)."""
+    logger.error(
+        "unhandled %s in %s; traceback (message omitted):\n%s",
+        type(exc).__name__,
+        where,
+        "".join(traceback.format_tb(exc.__traceback__)),
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers; add `CatchAllMiddleware` innermost for everything else."""
     app.add_exception_handler(InferfluxError, _inferflux_handler)
@@ -168,14 +179,7 @@ class CatchAllMiddleware:
         try:
             await self.app(scope, receive, send_tracking)
         except Exception as exc:
-            # Type, route and stack frames only: the message could quote the prompt.
-            logger.error(
-                "unhandled %s on %s %s; traceback (message omitted):\n%s",
-                type(exc).__name__,
-                scope.get("method"),
-                scope.get("path"),
-                "".join(traceback.format_tb(exc.__traceback__)),
-            )
+            log_unexpected(exc, f"{scope.get('method')} {scope.get('path')}")
             if started:
                 raise
             error = InferfluxError("internal server error; the failure was logged")

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Mapping
 
 import anyio
 import msgspec
-from starlette.responses import Response
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from inferflux.errors import InferfluxError
@@ -38,7 +38,7 @@ def sse_error(exc: InferfluxError) -> bytes:
     return sse_data(exc.to_body())
 
 
-class EventStreamResponse(Response):
+class EventStreamResponse(StreamingResponse):
     """A `text/event-stream` response fed by an async generator of encoded events.
 
     The generator is closed (`aclose`) in every case: finished, failed, or client gone.
@@ -49,7 +49,7 @@ class EventStreamResponse(Response):
     def __init__(
         self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str] | None = None
     ) -> None:
-        super().__init__(content=None, status_code=200, headers={**SSE_HEADERS, **(headers or {})})
+        super().__init__(events, headers={**SSE_HEADERS, **(headers or {})})
         self.events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -3,7 +3,7 @@
 This module owns rendering only; tokenizing the result is the caller's job. Templates are
 Jinja, run in an `ImmutableSandboxedEnvironment` (a template from a downloaded GGUF is
 untrusted code) with the conventions of Hugging Face `apply_chat_template`: `trim_blocks`,
-`lstrip_blocks`, the globals `raise_exception` and `strftime_now`, a `tojson` filter that
+`lstrip_blocks`, `{% break %}`/`{% continue %}`, the globals `raise_exception` and `strftime_now`, a `tojson` filter that
 keeps non-ASCII text, and the variables `messages`, `add_generation_prompt`, `bos_token`,
 `eos_token`.
 
@@ -84,7 +84,9 @@ def _tojson(
 
 
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson

@@ -28,7 +28,6 @@ import zmq
 import zmq.asyncio
 
 from inferflux.config.settings import Settings
-from inferflux.engine.backends.llama_cpp import ContextConfig
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -42,13 +41,15 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.protocol import EngineClient, ModelInfo, WorkerStatus
-from inferflux.engine.worker import WorkerConfig, run_worker, worker_process_main
+from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
 from inferflux.errors import EngineDeadError, ModelLoadError, NoWorkerReady
 
 logger = logging.getLogger(__name__)
 
 _WATCHDOG_S = 0.2
 _MAX_RESTART_DELAY_S = 30.0
+_MAX_RESUBMITS = 2
+_RESUBMIT_WAIT_S = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -133,15 +134,33 @@ class WorkerPoolClient:
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
-        worker = self._pick_worker()
+        # NOTE: a worker can die before the watchdog notices; a request it had not
+        # produced anything for yet is resubmitted to another ready worker (spec REQ 9.4).
+        # One that already streamed output fails: its sampling state died with the worker.
+        for attempt in range(_MAX_RESUBMITS + 1):
+            worker = self._pick_worker()
+            produced = False
+            try:
+                async for delta in self._generate_on(worker, request):
+                    produced = True
+                    yield delta
+                return
+            except EngineDeadError:
+                if produced or attempt == _MAX_RESUBMITS or self._closing:
+                    raise
+                logger.warning("resubmitting %s after its worker died", request.request_id)
+                await self._wait_ready(_RESUBMIT_WAIT_S)
+
+    async def _generate_on(
+        self, worker: _Worker, request: AddRequest
+    ) -> AsyncIterator[RequestDelta]:
         queue: asyncio.Queue[RequestDelta | Exception] = asyncio.Queue()
         request_id = request.request_id
         self._queues[request_id] = (queue, worker)
         worker.in_flight.add(request_id)
-        assert worker.socket is not None  # NOTE: ready workers always have a socket
         finished = False
         try:
-            await worker.socket.send(encode(request))
+            await self._send(worker, encode(request))
             while True:
                 item = await queue.get()
                 if isinstance(item, Exception):
@@ -155,6 +174,12 @@ class WorkerPoolClient:
             self._forget(request_id)
             if not finished:
                 await self._send_abort(worker, request_id)
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for any worker to be ready (returns either way)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def abort(self, request_id: str) -> None:
         entry = self._queues.get(request_id)
@@ -186,10 +211,25 @@ class WorkerPoolClient:
         if entry is not None:
             entry[1].in_flight.discard(request_id)
 
+    async def _send(self, worker: _Worker, data: bytes) -> None:
+        """Queue `data` for `worker` without ever blocking.
+
+        NOTE: a PUSH socket whose peer is gone blocks `send` until a peer connects, and
+        closing it then cancels the send. NOBLOCK with no high-water mark fails fast
+        instead: no peer → EngineDeadError, which `generate` resubmits elsewhere.
+        """
+        if worker.socket is None:
+            raise EngineDeadError("the engine worker is not running")
+        try:
+            await worker.socket.send(data, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            worker.ready = False  # the watchdog restarts it once the process is gone
+            raise EngineDeadError(f"the engine worker is unreachable: {exc}") from None
+
     async def _send_abort(self, worker: _Worker, request_id: str) -> None:
-        if worker.socket is not None and worker.ready:
-            with contextlib.suppress(zmq.ZMQError):
-                await worker.socket.send(encode(AbortRequests([request_id])))
+        if worker.ready:
+            with contextlib.suppress(EngineDeadError):
+                await self._send(worker, encode(AbortRequests([request_id])))
 
     async def _receive_loop(self) -> None:
         assert self._output is not None
@@ -254,6 +294,7 @@ class WorkerPoolClient:
         worker.ready, worker.pid = False, None
         address = f"ipc://{self._ipc_dir}/in-{worker.worker_id}-{worker.generation}"
         worker.socket = self._zmq.socket(zmq.PUSH)
+        worker.socket.setsockopt(zmq.SNDHWM, 0)
         worker.socket.bind(address)
         config = self._worker_config(worker, address)
         if self._in_process:
@@ -273,27 +314,13 @@ class WorkerPoolClient:
         worker.pid = worker.process.pid
 
     def _worker_config(self, worker: _Worker, input_address: str) -> WorkerConfig:
-        runtime, scheduler = self.settings.runtime, self.settings.scheduler
-        n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
-        context = ContextConfig(
-            model_path=self.model_info.path,
-            n_ctx_per_seq=self.model_info.n_ctx,
-            n_seq_max=scheduler.max_num_seqs,
-            n_batch=scheduler.max_batch_tokens,
-            n_threads=n_threads,
-            n_threads_batch=runtime.n_threads_batch or n_threads,
-            kv_unified=runtime.kv_unified,
-            n_gpu_layers=runtime.n_gpu_layers,
-        )
-        return WorkerConfig(
+        return worker_config(
+            self.settings,
+            self.model_info,
             worker_id=worker.worker_id,
             generation=worker.generation,
             input_address=input_address,
             output_address=f"ipc://{self._ipc_dir}/out",
-            context=context,
-            max_num_seqs=scheduler.max_num_seqs,
-            max_batch_tokens=scheduler.max_batch_tokens,
-            observability=self.settings.observability,
             exit_with_parent=not self._in_process,
         )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from inferflux.config.settings import ObservabilitySettings
+from inferflux.config.settings import ObservabilitySettings, Settings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import (
@@ -33,6 +33,7 @@ from inferflux.engine.messages import (
     decode_input,
     encode,
 )
+from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InferfluxError
 from inferflux.observability.logging import configure_logging
 from inferflux.scheduler import Scheduler
@@ -55,6 +56,42 @@ class WorkerConfig:
     max_batch_tokens: int
     observability: ObservabilitySettings
     exit_with_parent: bool = True
+
+
+def worker_config(
+    settings: Settings,
+    model_info: ModelInfo,
+    *,
+    worker_id: int = 0,
+    generation: int = 1,
+    input_address: str = "",
+    output_address: str = "",
+    exit_with_parent: bool = True,
+) -> WorkerConfig:
+    """The WorkerConfig of one worker of `inferflux serve` with these settings."""
+    runtime, scheduler = settings.runtime, settings.scheduler
+    n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
+    context = ContextConfig(
+        model_path=model_info.path,
+        n_ctx_per_seq=model_info.n_ctx,
+        n_seq_max=scheduler.max_num_seqs,
+        n_batch=scheduler.max_batch_tokens,
+        n_threads=n_threads,
+        n_threads_batch=runtime.n_threads_batch or n_threads,
+        kv_unified=runtime.kv_unified,
+        n_gpu_layers=runtime.n_gpu_layers,
+    )
+    return WorkerConfig(
+        worker_id=worker_id,
+        generation=generation,
+        input_address=input_address,
+        output_address=output_address,
+        context=context,
+        max_num_seqs=scheduler.max_num_seqs,
+        max_batch_tokens=scheduler.max_batch_tokens,
+        observability=settings.observability,
+        exit_with_parent=exit_with_parent,
+    )
 
 
 def build_engine_core(config: WorkerConfig) -> EngineCore:

@@ -1,12 +1,6 @@
-"""OpenAI-compatible routes: chat completions, text completions, models."""
+"""OpenAI-compatible routes: `chat` (/v1/chat/completions), `completions` (/v1/completions),
+`models` (/v1/models); request models in `protocol`, the shared engine round trip in
+`generation`. `api/app.py` mounts the routers (importing them here would be circular:
+`api/deps.py` imports `protocol`)."""
 
-from fastapi import APIRouter
-
-from inferflux.api.openai import chat, completions, models
-
-router = APIRouter()
-router.include_router(chat.router)
-router.include_router(completions.router)
-router.include_router(models.router)
-
-__all__ = ["router"]
+__all__: list[str] = []

@@ -26,6 +26,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from inferflux.api.errors import log_unexpected
 from inferflux.api.openai.protocol import _GenerationRequest
 from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_error
 from inferflux.engine.messages import OPENAI_FINISH_REASON, AddRequest, FinishReason, RequestDelta
@@ -241,7 +242,7 @@ async def stream_events(
     except InferfluxError as exc:
         yield sse_error(exc)
     except Exception as exc:
-        logger.error("stream failed: %s", type(exc).__name__, exc_info=exc)
+        log_unexpected(exc, "an event stream")
         yield sse_error(InferfluxError("internal server error; the failure was logged"))
     finally:
         await stream.aclose()

@@ -15,7 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, ClassVar, Literal, Self, cast
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from inferflux.engine.messages import SamplingParams
@@ -50,7 +58,7 @@ class ContentPart(BaseModel):
         if self.type != "text":
             raise PydanticCustomError(
                 "unsupported_content_part",
-                "content part type {part_type!r} is not supported yet; send 'text' parts",
+                "content part type '{part_type}' is not supported yet; send 'text' parts",
                 {"part_type": self.type},
             )
         if self.text is None:
@@ -151,17 +159,20 @@ class _GenerationRequest(_Strict):
         for key in bias or {}:
             if not key.isascii() or not key.isdigit():
                 raise PydanticCustomError(
-                    "bad_token_id", "logit_bias keys must be token ids, not {key!r}", {"key": key}
+                    "bad_token_id", "logit_bias keys must be token ids, not '{key}'", {"key": key}
                 )
         return bias
 
-    @model_validator(mode="after")
-    def _check_stream_options(self) -> Self:
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _check_stream_options(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
             raise PydanticCustomError(
                 "stream_options_without_stream", "stream_options is only allowed with stream=true"
             )
-        return self
+        return options
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens

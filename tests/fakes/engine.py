@@ -1,0 +1,130 @@
+"""Fakes of the engine seams (`EngineClient`, `Tokenizer`) for unit tests of the API's pure logic.
+
+They generate nothing real: `FakeEngineClient` replays a script of text pieces. Anything that
+claims to generate text is tested against the real llama.cpp backend in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from inferflux.engine.messages import AddRequest, EngineStats, FinishReason, RequestDelta
+from inferflux.engine.protocol import ModelInfo, WorkerStatus
+
+FAKE_VOCAB = 259  # 3 specials + 256 bytes
+FAKE_BOS = 1
+
+
+class FakeTokenizer:
+    """One token per UTF-8 byte (id = byte + 3); `<s>` is BOS (id 1). Records every call."""
+
+    def __init__(self, chat_template: str | None = None) -> None:
+        self._chat_template = chat_template
+        self.calls: list[tuple[str, bool, bool]] = []
+
+    @property
+    def bos_text(self) -> str:
+        return "<s>"
+
+    @property
+    def eos_text(self) -> str:
+        return "</s>"
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        self.calls.append((text, add_special, parse_special))
+        ids = [FAKE_BOS] if add_special else []
+        if parse_special and text.startswith("<s>"):
+            ids.append(FAKE_BOS)
+            text = text[3:]
+        return ids + [b + 3 for b in text.encode()]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return bytes(t - 3 for t in token_ids if t >= 3).decode("utf-8", "replace")
+
+
+def fake_model_info(*, n_ctx: int = 256, architecture: str = "llama") -> ModelInfo:
+    return ModelInfo(
+        model_id="fake-model",
+        path="/nonexistent/fake.gguf",
+        architecture=architecture,
+        n_ctx=n_ctx,
+        n_ctx_train=n_ctx,
+        n_vocab=FAKE_VOCAB,
+        size_bytes=1234,
+        created=1_700_000_000,
+        has_chat_template=False,
+    )
+
+
+@dataclass
+class FakeEngineClient:
+    """Replays `pieces` (one delta each, cut at max_tokens), then finishes with `finish`.
+
+    Knobs: `ready`, `raise_on_submit` (raised before the first delta), `raise_after`
+    (an exception raised after that many deltas), `hang_after` (wait forever after that many
+    deltas, for disconnect tests), `error` (the final delta's error text).
+    """
+
+    pieces: list[str] = field(default_factory=lambda: ["Hello", ",", " world", "!"])
+    finish: FinishReason = FinishReason.STOP
+    error: str | None = None
+    ready: bool = True
+    raise_on_submit: Exception | None = None
+    raise_after: tuple[int, Exception] | None = None
+    hang_after: int | None = None
+    requests: list[AddRequest] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    started: bool = False
+    stopped: bool = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def shutdown(self) -> None:
+        self.stopped = True
+
+    async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
+        if self.raise_on_submit is not None:
+            raise self.raise_on_submit
+        self.requests.append(request)
+        try:
+            pieces = self.pieces[: request.sampling.max_tokens]
+            finish = self.finish
+            if len(pieces) < len(self.pieces) and finish is FinishReason.STOP:
+                finish = FinishReason.LENGTH
+            for index, piece in enumerate(pieces):
+                if self.raise_after is not None and index == self.raise_after[0]:
+                    raise self.raise_after[1]
+                if self.hang_after is not None and index == self.hang_after:
+                    await asyncio.Event().wait()
+                yield self._delta(request, piece, index + 1)
+            yield self._delta(request, "", len(pieces), finish)
+        finally:
+            self.closed.append(request.request_id)
+
+    def _delta(
+        self, request: AddRequest, text: str, num_output: int, finish: FinishReason | None = None
+    ) -> RequestDelta:
+        return RequestDelta(
+            request_id=request.request_id,
+            text=text,
+            token_ids=[7] if text else [],
+            finish_reason=finish,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_output_tokens=num_output,
+            error=self.error if finish is FinishReason.ERROR else None,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def workers(self) -> list[WorkerStatus]:
+        stats = EngineStats(num_running=1, num_steps=5)
+        return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats)]
