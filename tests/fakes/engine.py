@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from inferflux.engine.messages import AddRequest, EngineStats, FinishReason, RequestDelta
 from inferflux.engine.protocol import ModelInfo, WorkerStatus
+from inferflux.errors import ModelLoadError
 
 FAKE_VOCAB = 259  # 3 specials + 256 bytes
 FAKE_BOS = 1
@@ -82,10 +83,13 @@ class FakeEngineClient:
     closed: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     started: bool = False
+    fail_start: str | None = None  # start() raises ModelLoadError with this message
     stopped: bool = False
 
     async def start(self) -> None:
         self.started = True
+        if self.fail_start is not None:
+            raise ModelLoadError(self.fail_start)
 
     async def shutdown(self) -> None:
         self.stopped = True

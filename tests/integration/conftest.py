@@ -8,11 +8,7 @@ lifespan started; `api_client` drives it with httpx's ASGITransport.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,36 +19,9 @@ from fastapi import FastAPI
 from inferflux.api import create_app
 from inferflux.config.loader import load_settings
 from inferflux.engine import load_served_model, make_engine_client
+from tests.integration.server_process import ServerProcess
 
 SERVER_START_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INFERFLUX_")}
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"inferflux serve exited with {process.returncode}:\n{_tail(log_path)}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"inferflux serve not ready after {SERVER_START_TIMEOUT_S} s:\n{_tail(log_path)}")
-
-
-def _tail(path: Path, num_chars: int = 4000) -> str:
-    return path.read_text(errors="replace")[-num_chars:]
 
 
 @pytest.fixture(scope="session")
@@ -64,22 +33,14 @@ def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server_url(server_log: Path) -> Iterator[str]:
     """Base URL of a real `inferflux serve` subprocess (default model, one worker)."""
-    port = free_port()
-    log_path = server_log
-    command = [str(Path(sys.executable).parent / "inferflux"), "serve", "--port", str(port)]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_clean_env())
-    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(log_path=server_log)
     try:
-        _wait_ready(url, process, log_path)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        server.wait_ready(SERVER_START_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as exc:
+        server.close()
+        pytest.fail(f"{exc}:\n{server_log.read_text(errors='replace')[-4000:]}")
+    yield server.url
+    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +51,12 @@ async def inprocess_app() -> AsyncIterator[FastAPI]:
     engine = make_engine_client(settings, model_info)
     app = create_app(settings, engine=engine, tokenizer=tokenizer, model_info=model_info)
     async with app.router.lifespan_context(app):
+        # the lifespan starts the engine in the background; wait for a ready worker
+        for _ in range(1200):
+            if engine.ready:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.ready, "the in-process engine did not become ready"
         yield app
 
 

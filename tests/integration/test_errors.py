@@ -100,7 +100,11 @@ def test_logs_hold_no_prompt_text_and_no_unhandled_errors(
     messages = [{"role": "user", "content": f"Repeat {secret}"}]
     client.post(CHAT, json={"messages": messages, "max_tokens": 2})
     client.post(CHAT, json={"messages": messages, "temperature": 9})
-    client.post(CHAT, headers={"authorization": f"Bearer {secret}"}, json={"messages": USER})
+    client.post(
+        CHAT,
+        headers={"authorization": f"Bearer {secret}"},
+        json={"messages": USER, "max_tokens": 2},
+    )
     log = server_log.read_text(errors="replace")
     assert secret not in log
     assert "unhandled" not in log and "Traceback" not in log

@@ -58,14 +58,16 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 
 def test_client_disconnect_cancels_generation(server) -> None:
     before = stats(server)["workers"][0]
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        with client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as response:
-            assert response.status_code == 200
-            events = sse_events(response.iter_lines())
-            contents = [next(events) for _ in range(4)]
-            assert all(isinstance(e, dict) and e["choices"] for e in contents)
-            wait_until(lambda: stats(server)["workers"][0]["num_running"] == 1, 10, "running")
-        # leaving the block closes the connection mid-stream
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as client,
+        client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as response,
+    ):
+        assert response.status_code == 200
+        events = sse_events(response.iter_lines())
+        contents = [next(events) for _ in range(4)]
+        assert all(isinstance(e, dict) and e["choices"] for e in contents)
+        wait_until(lambda: stats(server)["workers"][0]["num_running"] == 1, 10, "running")
+    # leaving the block closed the connection mid-stream
     wait_until(lambda: stats(server)["workers"][0]["num_running"] == 0, 10, "the abort")
     after = stats(server)["workers"][0]
     generated = after["num_generated_tokens_total"] - before["num_generated_tokens_total"]
@@ -79,12 +81,14 @@ def test_worker_killed_mid_stream_ends_the_stream_with_an_error_and_restarts(ser
     old_pid = worker["pid"]
     assert worker["ready"] and old_pid != server.process.pid
     events_seen: list[dict | str] = []
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        with client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as response:
-            events = sse_events(response.iter_lines())
-            events_seen += [next(events) for _ in range(3)]
-            os.kill(old_pid, signal.SIGKILL)
-            events_seen += list(events)  # the stream must end on its own, not hang
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as client,
+        client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as response,
+    ):
+        events = sse_events(response.iter_lines())
+        events_seen += [next(events) for _ in range(3)]
+        os.kill(old_pid, signal.SIGKILL)
+        events_seen += list(events)  # the stream must end on its own, not hang
     errors = [e for e in events_seen if isinstance(e, dict) and "error" in e]
     assert len(errors) == 1
     assert errors[0]["error"]["code"] == "worker_died"

@@ -7,6 +7,8 @@ exception handlers → routes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -24,6 +26,7 @@ from inferflux.api.openai import chat, completions, models
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
+from inferflux.errors import InferfluxError
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +76,37 @@ def system_fingerprint(model_info: ModelInfo) -> str:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the engine in the background so /livez answers (and /readyz says 503)
+    while the model loads; stop it on exit."""
     serving: ServingState = app.state.serving
+    app.state.engine_start_error = None
     logger.info("starting the engine for %s", serving.model_info.model_id)
-    await serving.engine.start()
+    starting = asyncio.create_task(_start_engine(app, serving), name="engine-start")
+    try:
+        yield
+    finally:
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await serving.engine.shutdown()
+
+
+async def _start_engine(app: FastAPI, serving: ServingState) -> None:
+    """Wait for the first ready worker. If none can start, record why on
+    `app.state.engine_start_error` and call `app.state.request_shutdown` when the runner
+    set one (`inferflux serve` does, and then exits 1)."""
+    try:
+        await serving.engine.start()
+    except InferfluxError as exc:
+        app.state.engine_start_error = exc.message
+        logger.error("the engine could not start: %s; shutting down", exc.message)
+        request_shutdown = getattr(app.state, "request_shutdown", None)
+        if request_shutdown is not None:
+            request_shutdown()
+        return
     logger.info(
         "ready: serving %s (n_ctx %d, %s chat template)",
         serving.model_info.model_id,
         serving.model_info.n_ctx,
         "fallback" if serving.chat_template.is_fallback else "the model's",
     )
-    try:
-        yield
-    finally:
-        await serving.engine.shutdown()

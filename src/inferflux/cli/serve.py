@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 import uvicorn
+from fastapi import FastAPI
 
 from inferflux.api import create_app
 from inferflux.config.loader import load_settings
@@ -71,6 +72,32 @@ def serve(
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
     configure_logging(settings.observability)
+    asgi_app, model_info = _build_app(settings)
+    typer.echo(startup_banner(settings, model_info))
+    _run(asgi_app, settings)
+
+
+def _run(asgi_app: FastAPI, settings: Settings) -> None:
+    server = uvicorn.Server(
+        uvicorn.Config(
+            asgi_app,
+            host=settings.server.host,
+            port=settings.server.port,
+            log_config=None,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    # the app calls this when no engine worker can start: a clean stop, then exit 1
+    asgi_app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
+    server.run()
+    start_error = getattr(asgi_app.state, "engine_start_error", None)
+    if start_error:
+        typer.echo(f"inferflux: {start_error}", err=True)
+        raise typer.Exit(EXIT_MODEL_ERROR)
+
+
+def _build_app(settings: Settings) -> tuple[FastAPI, ModelInfo]:
+    """Model, engine client and app; a model that cannot load exits with status 1."""
     try:
         model_info, tokenizer = load_served_model(settings)
         engine = make_engine_client(settings, model_info)
@@ -78,14 +105,7 @@ def serve(
     except ModelLoadError as exc:
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR) from None
-    typer.echo(startup_banner(settings, model_info))
-    uvicorn.run(
-        asgi_app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_config=None,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
+    return asgi_app, model_info
 
 
 def startup_banner(settings: Settings, model_info: ModelInfo) -> str:

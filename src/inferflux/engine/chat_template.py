@@ -3,9 +3,9 @@
 This module owns rendering only; tokenizing the result is the caller's job. Templates are
 Jinja, run in an `ImmutableSandboxedEnvironment` (a template from a downloaded GGUF is
 untrusted code) with the conventions of Hugging Face `apply_chat_template`: `trim_blocks`,
-`lstrip_blocks`, `{% break %}`/`{% continue %}`, the globals `raise_exception` and `strftime_now`, a `tojson` filter that
-keeps non-ASCII text, and the variables `messages`, `add_generation_prompt`, `bos_token`,
-`eos_token`.
+`lstrip_blocks`, `{% break %}`/`{% continue %}`, the globals `raise_exception` and
+`strftime_now`, a `tojson` filter that keeps non-ASCII text, and the variables `messages`,
+`add_generation_prompt`, `bos_token`, `eos_token`.
 
 A GGUF without `tokenizer.chat_template` gets a fallback chosen by architecture:
 

@@ -118,9 +118,9 @@ class WorkerPoolClient:
     async def shutdown(self) -> None:
         self._closing = True
         for worker in self._workers:
-            if worker.socket is not None and worker.alive():
-                with contextlib.suppress(zmq.ZMQError):
-                    await worker.socket.send(encode(Shutdown()))
+            if worker.alive():
+                with contextlib.suppress(EngineDeadError):
+                    await self._send(worker, encode(Shutdown()))
         await asyncio.to_thread(self._join_all, 5.0)
         for task in self._tasks:
             task.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from fastapi import FastAPI
 
@@ -67,7 +69,23 @@ async def test_lifespan_starts_and_stops_the_engine() -> None:
     )
     assert not engine.started
     async with app.router.lifespan_context(app):
+        await asyncio.sleep(0.01)  # the engine starts in the background
         assert engine.started and not engine.stopped
+        assert app.state.engine_start_error is None
+    assert engine.stopped
+
+
+async def test_an_engine_that_cannot_start_records_why_and_asks_for_shutdown() -> None:
+    engine = FakeEngineClient(fail_start="no worker could load the model: out of memory")
+    app: FastAPI = create_app(
+        Settings(), engine=engine, tokenizer=FakeTokenizer(), model_info=fake_model_info()
+    )
+    shutdowns: list[bool] = []
+    app.state.request_shutdown = lambda: shutdowns.append(True)
+    async with app.router.lifespan_context(app):
+        await asyncio.sleep(0.01)
+        assert app.state.engine_start_error == "no worker could load the model: out of memory"
+        assert shutdowns == [True]
     assert engine.stopped
 
 

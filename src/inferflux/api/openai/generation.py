@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inferflux.api.errors import log_unexpected
-from inferflux.api.openai.protocol import _GenerationRequest
+from inferflux.api.openai.protocol import GenerationRequest
 from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_error
 from inferflux.engine.messages import OPENAI_FINISH_REASON, AddRequest, FinishReason, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
@@ -125,7 +125,7 @@ async def tokenize(tokenizer: Tokenizer, text: str, *, add_special: bool) -> lis
 
 def build_request(
     prefix: str,
-    body: _GenerationRequest,
+    body: GenerationRequest,
     prompt_token_ids: list[int],
     model_info: ModelInfo,
     prompt_param: str,

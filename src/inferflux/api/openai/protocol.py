@@ -105,7 +105,7 @@ def _is_none_or(*allowed: object) -> Callable[[object], bool]:
     return lambda value: value is None or value in allowed
 
 
-class _GenerationRequest(_Strict):
+class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
 
     # Fields that must keep their default until the feature lands (never silently ignored).
@@ -202,11 +202,11 @@ class _GenerationRequest(_Strict):
         )
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     """Body of POST /v1/chat/completions."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[object], bool]]] = {
-        **_GenerationRequest.UNSUPPORTED,
+        **GenerationRequest.UNSUPPORTED,
         "tools": lambda v: not v,
         "tool_choice": _is_none_or("none", "auto"),
         "functions": lambda v: not v,
@@ -258,11 +258,11 @@ class ChatCompletionRequest(_GenerationRequest):
 PromptInput = str | list[str] | list[int] | list[list[int]]
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     """Body of POST /v1/completions."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[object], bool]]] = {
-        **_GenerationRequest.UNSUPPORTED,
+        **GenerationRequest.UNSUPPORTED,
         "echo": _is_none_or(False),
         "best_of": _is_none_or(1),
         "suffix": _is_none_or(""),
@@ -292,7 +292,7 @@ class CompletionRequest(_GenerationRequest):
         return single
 
 
-def reject_unsupported(request: _GenerationRequest) -> None:
+def reject_unsupported(request: GenerationRequest) -> None:
     """Raise InvalidRequest naming the first feature that is set but not supported yet."""
     if request.n is not None and request.n > 1:
         raise InvalidRequest("n > 1 is not supported yet; send n=1 or leave it out", param="n")
