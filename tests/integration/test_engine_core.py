@@ -216,3 +216,71 @@ def test_gemma_base_model_generates_and_reads_its_own_end_tokens(gemma3_model_pa
     finally:
         engine.close()
         tok.close()
+
+
+def test_top_k_1_and_min_p_1_reduce_sampling_to_greedy(core, tokenizer) -> None:
+    prompt = chat_prompt(tokenizer, QUESTIONS[5])
+    greedy = tokens_of(run(core, [request("g", prompt, max_tokens=16, ignore_eos=True)])["g"])
+    for knob in ({"top_k": 1}, {"min_p": 1.0}):
+        sampled = request(
+            "s", prompt, max_tokens=16, ignore_eos=True, temperature=1.5, seed=7, **knob
+        )
+        assert tokens_of(run(core, [sampled])["s"]) == greedy, knob
+
+
+def test_frequency_penalty_reduces_repetition(core, tokenizer) -> None:
+    prompt = tokenizer.tokenize(
+        "the the the the the the the the", add_special=True, parse_special=False
+    )
+
+    def distinct(**penalties: float) -> int:
+        r = request("p", prompt, max_tokens=32, ignore_eos=True, **penalties)
+        return len(set(tokens_of(run(core, [r])["p"])))
+
+    plain = distinct()
+    assert distinct(frequency_penalty=2.0) > plain
+    assert distinct(presence_penalty=2.0) > plain
+    assert distinct(repeat_penalty=1.8) > plain
+
+
+def test_a_failure_inside_one_request_finishes_only_that_request(
+    core, tokenizer, monkeypatch
+) -> None:
+    """Fault injection into the real backend: other requests of the batch go on."""
+    prompts = [chat_prompt(tokenizer, q) for q in QUESTIONS[:3]]
+    real_make_sampler = core.backend.make_sampler
+    calls = iter([real_make_sampler, _raise, real_make_sampler])
+
+    def second_call_fails(spec):
+        return next(calls)(spec)
+
+    monkeypatch.setattr(core.backend, "make_sampler", second_call_fails)
+    results = run(
+        core, [request(f"f{i}", p, max_tokens=6, ignore_eos=True) for i, p in enumerate(prompts)]
+    )
+    monkeypatch.undo()
+    assert results["f1"][-1].finish_reason == FinishReason.ERROR
+    assert results["f0"][-1].num_output_tokens == 6 and results["f2"][-1].num_output_tokens == 6
+
+    real_sample = core.backend.sample
+    victim = {"row": None}
+
+    def flaky_sample(sampler, row):
+        if victim["row"] is None:
+            victim["row"] = row
+        if row == victim["row"]:
+            raise RuntimeError("injected sampling fault")
+        return real_sample(sampler, row)
+
+    monkeypatch.setattr(core.backend, "sample", flaky_sample)
+    results = run(
+        core, [request(f"s{i}", p, max_tokens=6, ignore_eos=True) for i, p in enumerate(prompts)]
+    )
+    monkeypatch.undo()
+    finishes = sorted(str(d[-1].finish_reason) for d in results.values())
+    assert finishes.count("error") >= 1 and finishes.count("length") >= 1
+    assert not core.has_work() and core.stats().kv_cells_used == 0
+
+
+def _raise(spec):
+    raise TypeError("injected sampler fault")

@@ -78,10 +78,15 @@ class EngineCore:
         problem = self._reject_reason(request)
         if problem is not None:
             return [_error_delta(message.request_id, problem, request.num_prompt_tokens)]
+        try:
+            sampler = self.backend.make_sampler(sampler_spec(message.sampling))
+        except Exception:  # NOTE: one request's failure must not take the worker down
+            logger.exception("could not build the sampler of %s", message.request_id)
+            return [_error_delta(message.request_id, "invalid sampling parameters", 0)]
         self.scheduler.add(request)
         self._states[request.request_id] = _SequenceState(
             sampling=message.sampling,
-            sampler=self.backend.make_sampler(sampler_spec(message.sampling)),
+            sampler=sampler,
             detokenizer=IncrementalDetokenizer(),
             stop=StopMatcher(message.sampling.stop),
         )
@@ -132,8 +137,16 @@ class EngineCore:
             if request.num_computed_tokens <= request.num_prompt_tokens:
                 self._stats.num_prompt_tokens_total += len(chunk.token_ids)
             if chunk.sample:
-                deltas.append(self._sample_one(chunk, row))
+                deltas.append(self._sample_isolated(chunk, row))
         return deltas
+
+    def _sample_isolated(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
+        """`_sample_one`, but an unexpected failure finishes only this request (ERROR)."""
+        try:
+            return self._sample_one(chunk, row)
+        except Exception:  # NOTE: the batch goes on without the failed request
+            logger.exception("sampling failed for %s", chunk.request.request_id)
+            return self._finish(chunk.request, FinishReason.ERROR, "", "sampling failed")
 
     def _sample_one(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
         request = chunk.request

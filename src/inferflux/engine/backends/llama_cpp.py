@@ -264,6 +264,7 @@ class Sampler:
         if spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty:
             self._add(
                 ll.llama_sampler_init_penalties(
+                    n_vocab,  # NOTE: the vendored llama.h of 0.3.36 still takes n_vocab first
                     spec.penalty_last_n,
                     spec.repeat_penalty,
                     spec.frequency_penalty,

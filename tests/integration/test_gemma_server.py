@@ -1,0 +1,58 @@
+"""The second test model over HTTP: Gemma 3 270M, a base model whose GGUF has no chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.integration.server_process import ServerProcess
+
+pytestmark = [pytest.mark.model, pytest.mark.server]
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma3_model_path: str, tmp_path_factory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("log") / "gemma.log"
+    args = ("--model", gemma3_model_path, "--model-id", "gemma-3-270m")
+    proc = ServerProcess(*args, env={"INFERFLUX_MODEL__CTX_SIZE": "1024"}, log_path=log)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.close()
+
+
+def test_chat_uses_the_gemma_fallback_template_and_stops_at_end_of_turn(gemma_server) -> None:
+    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model="gemma-3-270m",
+        messages=[
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "What color is the sky on a clear day?"},
+        ],
+        max_tokens=48,
+        temperature=0,
+    )
+    content = reply.choices[0].message.content or ""
+    assert content.strip()
+    assert "<end_of_turn>" not in content and "<start_of_turn>" not in content
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None and reply.usage.prompt_tokens > 10
+
+
+def test_streaming_completion_and_model_listing(gemma_server) -> None:
+    models = httpx.get(f"{gemma_server.url}/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["gemma-3-270m"]
+    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
+    stream = client.completions.create(
+        model="gemma-3-270m",
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    assert text.strip()
