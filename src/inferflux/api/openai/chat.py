@@ -6,96 +6,51 @@ round trip in `generation.py`, and template rendering in `engine/chat_template.p
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferflux.api.deps import ChatBody, ServingDep
 from inferflux.api.openai.generation import (
+    ChunkEnvelope,
     Completed,
-    Usage,
     build_request,
     check_model,
     respond,
     tokenize,
 )
 from inferflux.api.openai.protocol import reject_unsupported
-from inferflux.api.sse import sse_data
 
 router = APIRouter(tags=["openai"])
 
 
-class ChatChunks:
+class ChatChunks(ChunkEnvelope):
     """Builds the `chat.completion` body and `chat.completion.chunk` events of one request."""
 
-    def __init__(
-        self, request_id: str, model: str, system_fingerprint: str, *, include_usage: bool
-    ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.system_fingerprint = system_fingerprint
-        self.include_usage = include_usage
-        self.created = int(time.time())
+    chunk_object = "chat.completion.chunk"
+    response_object = "chat.completion"
 
-    def _chunk(self, choices: list[dict[str, object]]) -> bytes:
-        chunk: dict[str, object] = {
-            "id": self.request_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": choices,
-        }
-        if self.include_usage:
-            chunk["usage"] = None
-        return sse_data(chunk)
-
-    def _choice(
-        self, delta: dict[str, object], finish_reason: str | None
-    ) -> list[dict[str, object]]:
-        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    def _delta(self, delta: dict[str, object], finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self.chunk([choice])
 
     def opening(self) -> bytes | None:
-        return self._chunk(self._choice({"role": "assistant", "content": ""}, None))
+        return self._delta({"role": "assistant", "content": ""}, None)
 
     def text(self, text: str) -> bytes:
-        return self._chunk(self._choice({"content": text}, None))
+        return self._delta({"content": text}, None)
 
     def finish(self, finish_reason: str) -> bytes:
-        return self._chunk(self._choice({}, finish_reason))
-
-    def usage(self, usage: Usage) -> bytes:
-        return sse_data(
-            {
-                "id": self.request_id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": self.system_fingerprint,
-                "choices": [],
-                "usage": usage.as_dict(),
-            }
-        )
+        return self._delta({}, finish_reason)
 
     def response(self, completed: Completed) -> dict[str, object]:
         message = {"role": "assistant", "content": completed.text, "refusal": None}
-        return {
-            "id": self.request_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": completed.finish_reason,
-                }
-            ],
-            "usage": completed.usage.as_dict(),
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": completed.finish_reason,
         }
+        return self.full_response(choice, completed.usage)
 
 
 @router.post("/v1/chat/completions")

@@ -6,15 +6,13 @@ and the engine round trip in `generation.py`.
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferflux.api.deps import CompletionBody, ServingDep
 from inferflux.api.openai.generation import (
+    ChunkEnvelope,
     Completed,
-    Usage,
     build_request,
     check_model,
     check_token_ids,
@@ -22,53 +20,28 @@ from inferflux.api.openai.generation import (
     tokenize,
 )
 from inferflux.api.openai.protocol import reject_unsupported
-from inferflux.api.sse import sse_data
 
 router = APIRouter(tags=["openai"])
 
 
-class CompletionChunks:
+class CompletionChunks(ChunkEnvelope):
     """Builds the `text_completion` body and its streamed chunks for one request."""
 
-    def __init__(
-        self, request_id: str, model: str, system_fingerprint: str, *, include_usage: bool
-    ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.system_fingerprint = system_fingerprint
-        self.include_usage = include_usage
-        self.created = int(time.time())
+    chunk_object = "text_completion"
+    response_object = "text_completion"
 
-    def _body(self, choices: list[dict[str, object]]) -> dict[str, object]:
-        return {
-            "id": self.request_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": choices,
-        }
-
-    def _chunk(self, text: str, finish_reason: str | None) -> bytes:
+    def _choice(self, text: str, finish_reason: str | None) -> bytes:
         choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
-        chunk = self._body([choice])
-        if self.include_usage:
-            chunk["usage"] = None
-        return sse_data(chunk)
+        return self.chunk([choice])
 
     def opening(self) -> bytes | None:
         return None
 
     def text(self, text: str) -> bytes:
-        return self._chunk(text, None)
+        return self._choice(text, None)
 
     def finish(self, finish_reason: str) -> bytes:
-        return self._chunk("", finish_reason)
-
-    def usage(self, usage: Usage) -> bytes:
-        chunk = self._body([])
-        chunk["usage"] = usage.as_dict()
-        return sse_data(chunk)
+        return self._choice("", finish_reason)
 
     def response(self, completed: Completed) -> dict[str, object]:
         choice = {
@@ -77,9 +50,7 @@ class CompletionChunks:
             "logprobs": None,
             "finish_reason": completed.finish_reason,
         }
-        body = self._body([choice])
-        body["usage"] = completed.usage.as_dict()
-        return body
+        return self.full_response(choice, completed.usage)
 
 
 @router.post("/v1/completions")

@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from inferflux.api.errors import log_unexpected
 from inferflux.api.openai.protocol import GenerationRequest
-from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_error
+from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_data, sse_error
 from inferflux.engine.messages import OPENAI_FINISH_REASON, AddRequest, FinishReason, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import (
@@ -66,6 +66,49 @@ class Completed:
     text: str
     finish_reason: str  # OpenAI's name
     usage: Usage
+
+
+class ChunkEnvelope:
+    """The fields every body and SSE chunk of one request share, and the usage chunk.
+
+    Subclasses set `chunk_object` and `response_object` and build their own choices.
+    """
+
+    chunk_object = ""
+    response_object = ""
+
+    def __init__(
+        self, request_id: str, model: str, system_fingerprint: str, *, include_usage: bool
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.system_fingerprint = system_fingerprint
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def body(self, choices: list[dict[str, object]], object_name: str) -> dict[str, object]:
+        return {
+            "id": self.request_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+            "choices": choices,
+        }
+
+    def chunk(self, choices: list[dict[str, object]]) -> bytes:
+        """One SSE event; `usage: null` when the client asked for a usage chunk at the end."""
+        event = self.body(choices, self.chunk_object)
+        if self.include_usage:
+            event["usage"] = None
+        return sse_data(event)
+
+    def usage(self, usage: Usage) -> bytes:
+        """The final usage event: empty choices (OpenAI's `stream_options.include_usage`)."""
+        return sse_data({**self.body([], self.chunk_object), "usage": usage.as_dict()})
+
+    def full_response(self, choice: dict[str, object], usage: Usage) -> dict[str, object]:
+        return {**self.body([choice], self.response_object), "usage": usage.as_dict()}
 
 
 class ChunkFormatter(Protocol):
