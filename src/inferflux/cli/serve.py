@@ -6,6 +6,7 @@ the model cannot be loaded, 3 (uvicorn's) when the engine fails to start.
 
 from __future__ import annotations
 
+import logging
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,8 @@ from inferflux.observability.logging import configure_logging
 EXIT_CONFIG_ERROR = 2
 EXIT_MODEL_ERROR = 1
 GRACEFUL_SHUTDOWN_S = 10
+
+logger = logging.getLogger(__name__)
 
 app = typer.Typer(
     name="inferflux",
@@ -74,6 +77,12 @@ def serve(
     configure_logging(settings.observability)
     asgi_app, model_info = _build_app(settings)
     typer.echo(startup_banner(settings, model_info))
+    # NOTE: authentication does not exist yet (issue #6); say so loudly, every start.
+    logger.warning(
+        "no authentication: any client that can reach %s:%d can use this server",
+        settings.server.host,
+        settings.server.port,
+    )
     _run(asgi_app, settings)
 
 
