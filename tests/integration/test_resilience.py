@@ -120,3 +120,31 @@ def test_worker_killed_mid_stream_ends_the_stream_with_an_error_and_restarts(ser
     )
     assert reply.status_code == 200
     assert reply.json()["usage"]["completion_tokens"] >= 1
+
+
+def _gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie awaiting its reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return any(line.startswith("State:\tZ") for line in status)
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_exits_when_its_api_process_is_killed_mid_stream(tmp_path) -> None:
+    proc = ServerProcess(
+        log_path=tmp_path / "server.log", env={"INFERFLUX_MODEL__CTX_SIZE": "2048"}
+    )
+    try:
+        proc.wait_ready()
+        worker_pid = stats(proc)["workers"][0]["pid"]
+        with (
+            httpx.Client(base_url=proc.url, timeout=30) as client,
+            client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as response,
+        ):
+            events = sse_events(response.iter_lines())
+            assert [next(events) for _ in range(3)]
+            os.kill(proc.process.pid, signal.SIGKILL)
+        wait_until(lambda: _gone(worker_pid), 30, "the orphaned worker to exit")
+    finally:
+        proc.close()

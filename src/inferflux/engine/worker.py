@@ -25,6 +25,7 @@ from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
+    EngineOutput,
     RequestDelta,
     Shutdown,
     StepOutputs,
@@ -41,6 +42,7 @@ from inferflux.scheduler import Scheduler
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 250
+_SEND_GIVE_UP_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,40 @@ def run_worker(config: WorkerConfig) -> None:
         zmq_context.term()
 
 
+class _ApiGone(Exception):
+    """The API process stopped reading worker output: it died, or stalled for too long."""
+
+
+class _Outbox:
+    """The worker's output socket.
+
+    NOTE: a PUSH socket whose reader died blocks `send` forever, which would leave an
+    orphaned worker holding the model and KV cache. Sends time out every second; the worker
+    retries while the API process lives and gives up (exits) once it is gone or has not
+    read anything for `_SEND_GIVE_UP_S`.
+    """
+
+    def __init__(self, socket: zmq.Socket[bytes], exit_with_parent: bool) -> None:
+        self.socket = socket
+        self.socket.setsockopt(zmq.SNDTIMEO, 1000)
+        self.exit_with_parent = exit_with_parent
+        self.parent_pid = os.getppid()
+
+    def orphaned(self) -> bool:
+        return self.exit_with_parent and os.getppid() != self.parent_pid
+
+    def send(self, message: EngineOutput) -> None:
+        data = encode(message)
+        deadline = time.monotonic() + _SEND_GIVE_UP_S
+        while True:
+            try:
+                self.socket.send(data)
+                return
+            except zmq.Again:
+                if self.orphaned() or time.monotonic() > deadline:
+                    raise _ApiGone("the API process no longer reads worker output") from None
+
+
 def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) -> None:
     output = zmq_context.socket(zmq.PUSH)
     output.setsockopt(zmq.LINGER, 2000)
@@ -134,20 +170,27 @@ def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) ->
     inputs = zmq_context.socket(zmq.PULL)
     inputs.setsockopt(zmq.LINGER, 0)
     inputs.connect(config.input_address)
+    outbox = _Outbox(output, config.exit_with_parent)
+    try:
+        _load_and_serve(config, inputs, outbox)
+    except _ApiGone as exc:
+        logger.warning("worker %d exits: %s", config.worker_id, exc)
+        output.setsockopt(zmq.LINGER, 0)
+    finally:
+        inputs.close()
+        output.close()
+
+
+def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Outbox) -> None:
     started_at = time.monotonic()
     try:
         core = build_engine_core(config)
     except InferfluxError as exc:
         logger.error("worker %d failed to start: %s", config.worker_id, exc.message)
-        output.send(
-            encode(
-                WorkerFailed(
-                    worker_id=config.worker_id, generation=config.generation, message=exc.message
-                )
-            )
+        failed = WorkerFailed(
+            worker_id=config.worker_id, generation=config.generation, message=exc.message
         )
-        output.close()
-        inputs.close()
+        outbox.send(failed)
         return
     ready = WorkerReady(
         worker_id=config.worker_id,
@@ -155,14 +198,12 @@ def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) ->
         pid=os.getpid(),
         load_s=time.monotonic() - started_at,
     )
-    output.send(encode(ready))
-    logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
     try:
-        _WorkerLoop(core, inputs, output, config).run()
+        outbox.send(ready)
+        logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
+        _WorkerLoop(core, inputs, outbox, config).run()
     finally:
         core.close()
-        inputs.close()
-        output.close()
 
 
 class _WorkerLoop:
@@ -170,14 +211,13 @@ class _WorkerLoop:
         self,
         core: EngineCore,
         inputs: zmq.Socket[bytes],
-        output: zmq.Socket[bytes],
+        outbox: _Outbox,
         config: WorkerConfig,
     ) -> None:
         self.core = core
         self.inputs = inputs
-        self.output = output
+        self.outbox = outbox
         self.config = config
-        self.parent_pid = os.getppid()
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
 
@@ -192,7 +232,7 @@ class _WorkerLoop:
                 deltas.extend(self.core.step())
             if deltas:
                 self._send(deltas)
-            elif not self.core.has_work() and self._orphaned():
+            elif not self.core.has_work() and self.outbox.orphaned():
                 logger.warning("worker %d: API process is gone; exiting", self.config.worker_id)
                 return
 
@@ -219,7 +259,4 @@ class _WorkerLoop:
             deltas=deltas,
             stats=self.core.stats(),
         )
-        self.output.send(encode(message))
-
-    def _orphaned(self) -> bool:
-        return self.config.exit_with_parent and os.getppid() != self.parent_pid
+        self.outbox.send(message)
