@@ -118,6 +118,7 @@ class WorkerPoolClient:
     async def shutdown(self) -> None:
         self._closing = True
         for worker in self._workers:
+            worker.ready = False  # late requests get NoWorkerReady (503), not a dead socket
             if worker.alive():
                 with contextlib.suppress(EngineDeadError):
                     await self._send(worker, encode(Shutdown()))
