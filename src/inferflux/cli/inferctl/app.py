@@ -1,0 +1,192 @@
+"""The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`.
+
+Each command resolves the target (`--url`, `--host/--port`, INFERCTL_HOST), makes one
+request and prints the answer, or the raw JSON with `--json`. `chat --interactive` hands
+over to `chat_repl`; `pull` lives in `pull`. Docs with sample output: docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from inferflux.cli.inferctl import chat_repl, pull
+from inferflux.cli.inferctl.client import (
+    EXIT_API_ERROR,
+    HostOption,
+    JsonOption,
+    PortOption,
+    UrlOption,
+    base_url,
+    delta_text,
+    make_client,
+    request_json,
+    stream_events,
+)
+
+app = typer.Typer(help="Talk to an InferFlux server.", no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="The served models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+ModelOption = Annotated[
+    str | None, typer.Option(help="Model id (default: the server's).", show_default=False)
+]
+TemperatureOption = Annotated[float, typer.Option(min=0.0, max=2.0)]
+StreamOption = Annotated[bool, typer.Option("--stream", help="Print tokens as they come.")]
+
+
+def _worker_line(worker: dict[str, Any]) -> str:
+    return (
+        f"worker {worker['worker_id']}: pid {worker['pid']} ready {worker['ready']} "
+        f"running {worker.get('num_running', 0)} waiting {worker.get('num_waiting', 0)} "
+        f"in-flight {worker.get('num_in_flight', 0)} restarts {worker['restarts']}"
+    )
+
+
+@app.command()
+def status(
+    url: UrlOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Health, readiness, model, workers and their queues. Exit 1 when not ready."""
+    with make_client(base_url(url, host, port)) as client:
+        stats = request_json(client, "GET", "/server/stats")
+    if as_json:
+        typer.echo(json.dumps(stats, indent=2))
+    else:
+        uptime = stats.get("uptime_s", 0.0)
+        typer.echo(f"ready: {stats['ready']}  model: {stats['model']['id']}  uptime: {uptime}s")
+        for worker in stats["workers"]:
+            typer.echo(_worker_line(worker))
+    if not stats["ready"]:
+        raise typer.Exit(EXIT_API_ERROR)
+
+
+@models_app.command("list")
+def models_list(
+    url: UrlOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the served models (GET /v1/models)."""
+    with make_client(base_url(url, host, port)) as client:
+        listing = request_json(client, "GET", "/v1/models")
+    if as_json:
+        typer.echo(json.dumps(listing, indent=2))
+        return
+    for model in listing["data"]:
+        typer.echo(model["id"])
+
+
+def _generate(base: str, path: str, body: dict[str, Any], stream: bool, as_json: bool) -> None:
+    with make_client(base) as client:
+        if not stream:
+            reply = request_json(client, "POST", path, json=body)
+            choice = reply["choices"][0]
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            typer.echo(json.dumps(reply, indent=2) if as_json else text)
+            return
+        for event in stream_events(client, path, {**body, "stream": True}):
+            if as_json:
+                typer.echo(json.dumps(event))
+            else:
+                typer.echo(delta_text(event), nl=False)
+        if not as_json:
+            typer.echo("")
+
+
+@app.command()
+def completion(
+    prompt: Annotated[str, typer.Option(help="Prompt text.")],
+    model: ModelOption = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    temperature: TemperatureOption = 0.8,
+    stream: StreamOption = False,
+    url: UrlOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Complete a prompt (POST /v1/completions)."""
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    if model:
+        body["model"] = model
+    _generate(base_url(url, host, port), "/v1/completions", body, stream, as_json)
+
+
+def _parse_messages(items: list[str], system: str | None) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system}] if system else []
+    for item in items:
+        role, sep, text = item.partition(":")
+        if not sep or role not in ("system", "user", "assistant"):
+            raise typer.BadParameter(f"{item!r}: use ROLE:TEXT with role system|user|assistant")
+        messages.append({"role": role, "content": text})
+    return messages
+
+
+@app.command()
+def chat(
+    message: Annotated[
+        list[str] | None,
+        typer.Option(help="ROLE:TEXT, repeatable (e.g. user:Hello).", show_default=False),
+    ] = None,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", "-i", help="A REPL that keeps the dialogue.")
+    ] = False,
+    system: Annotated[str | None, typer.Option(help="A system message first.")] = None,
+    model: ModelOption = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    temperature: TemperatureOption = 0.8,
+    stream: StreamOption = False,
+    url: UrlOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Chat (POST /v1/chat/completions): one-shot with --message, or --interactive."""
+    messages = _parse_messages(message or [], system)
+    base = base_url(url, host, port)
+    if interactive:
+        options = chat_repl.ReplOptions(model, max_tokens, temperature)
+        raise typer.Exit(chat_repl.run(base, messages, options))
+    if not message:
+        raise typer.BadParameter("give --message ROLE:TEXT (repeatable), or --interactive")
+    body: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
+    if model:
+        body["model"] = model
+    _generate(base, "/v1/chat/completions", body, stream, as_json)
+
+
+@app.command("pull")
+def pull_command(
+    spec: Annotated[str, typer.Argument(metavar="REPO[:FILE]", help="e.g. owner/name:x.gguf")],
+    revision: Annotated[str, typer.Option(help="Branch, tag or commit.")] = "main",
+    dest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Models directory [env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models].",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Download a GGUF from the Hugging Face Hub, verify its SHA-256, add it to models.yaml."""
+    pulled = pull.pull(spec, revision, pull.models_dir(dest))
+    typer.echo(f"saved {pulled.path}")
+    typer.echo(f"sha256 {pulled.sha256} ({pulled.verification})")
+    typer.echo(f"manifest {pulled.manifest}")
+    typer.echo(f"serve it with: inferflux serve --model {pulled.path}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
