@@ -129,10 +129,13 @@ def test_pull_downloads_verifies_and_records_the_file(hub, tmp_path: Path) -> No
 def test_pull_without_a_file_picks_the_only_gguf_and_reads_the_env_dir(hub, tmp_path) -> None:
     _, endpoint = hub
     dest = tmp_path / "env-models"
-    done = _pull(endpoint, tmp_path, REPO, INFERFLUX_MODELS_DIR=str(dest))
+    done = _pull(endpoint, tmp_path, REPO, "--json", INFERFLUX_MODELS_DIR=str(dest))
     assert done.returncode == 0, done.stderr
     assert (dest / REPO / "tiny-q8_0.gguf").is_file()
     assert len(yaml.safe_load((dest / "models.yaml").read_text())) == 1
+    reply = json.loads(done.stdout)
+    assert reply["path"] == str(dest / REPO / "tiny-q8_0.gguf")
+    assert reply["verification"] == "matches the hub"
 
 
 def test_pull_with_several_ggufs_lists_them_and_exits_2(hub, tmp_path: Path) -> None:

@@ -178,9 +178,14 @@ def pull_command(
             show_default=False,
         ),
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Download a GGUF from the Hugging Face Hub, verify its SHA-256, add it to models.yaml."""
     pulled = pull.pull(spec, revision, pull.models_dir(dest))
+    if as_json:
+        fields = {key: str(value) for key, value in pulled._asdict().items()}
+        typer.echo(json.dumps(fields, indent=2))
+        return
     typer.echo(f"saved {pulled.path}")
     typer.echo(f"sha256 {pulled.sha256} ({pulled.verification})")
     typer.echo(f"manifest {pulled.manifest}")
