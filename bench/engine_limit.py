@@ -32,6 +32,7 @@ from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import AddRequest, SamplingParams
 from inferflux.engine.model_files import load_served_model
+from inferflux.engine.protocol import ModelInfo
 from inferflux.engine.worker import build_engine_core, worker_config
 from serve_load import LoadConfig, RequestResult, format_table, level_report, parse_levels
 from workload import make_prompts
@@ -57,6 +58,16 @@ def tokenize_prompts(
         add_special = not (tokenizer.bos_text and text.startswith(tokenizer.bos_text))
         out.append(tokenizer.tokenize(text, add_special=add_special, parse_special=True))
     return out
+
+
+def load_engine(
+    model: str | None, config_file: str | None
+) -> tuple[ModelInfo, LlamaTokenizer, EngineCore]:
+    """The served model, its tokenizer, and an EngineCore built exactly as one
+    `inferflux serve` worker with the same settings."""
+    settings = load_settings(config_file, overrides={"model.path": model})
+    info, tokenizer = load_served_model(settings)
+    return info, tokenizer, build_engine_core(worker_config(settings, info))
 
 
 def run_level(
@@ -120,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    settings = load_settings(args.config, overrides={"model.path": args.model})
-    info, tokenizer = load_served_model(settings)
-    core = build_engine_core(worker_config(settings, info))
+    info, tokenizer, core = load_engine(args.model, args.config)
     config = LoadConfig(
         url="engine://in-process",
         model=info.model_id,
@@ -133,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         min_words=args.min_words,
         max_words=args.max_words,
     )
-    print(f"engine ceiling: {info.model_id}, {settings.scheduler.max_num_seqs} seqs", flush=True)
+    print(f"engine ceiling: {info.model_id}", flush=True)
     warm = tokenize_prompts(tokenizer, info.architecture, make_prompts(1, args.seed + 1, 8, 16))
     run_level(core, warm, 1, 8)
     levels: list[dict[str, Any]] = []

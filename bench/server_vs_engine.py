@@ -28,11 +28,8 @@ from typing import Any
 
 import httpx
 
+from engine_limit import load_engine, tokenize_prompts
 from engine_limit import run_level as engine_run_level
-from engine_limit import tokenize_prompts
-from inferflux.config import load_settings
-from inferflux.engine.model_files import load_served_model
-from inferflux.engine.worker import build_engine_core, worker_config
 from serve_load import LoadConfig, format_table, level_report, make_http_client, parse_levels
 from serve_load import run_level as server_run_level
 from workload import make_prompts
@@ -70,16 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None)
     p.add_argument("--port", type=int, default=18181)
     p.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8, 16])
-    p.add_argument("--requests", type=int, default=4)
+    p.add_argument("--requests", type=int, default=6, help="requests per client (>= 6: stable)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
     args = p.parse_args(argv)
 
-    settings = load_settings(args.config, overrides={"model.path": args.model})
-    info, tokenizer = load_served_model(settings)
-    core = build_engine_core(worker_config(settings, info))
+    info, tokenizer, core = load_engine(args.model, args.config)
     config = LoadConfig(
         url=f"http://127.0.0.1:{args.port}",
         model=info.model_id,
