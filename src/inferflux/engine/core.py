@@ -12,7 +12,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from inferflux.engine.backends.base import ModelBackend, SamplerHandle, SamplerSpec
+from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.messages import (
     AddRequest,
@@ -118,7 +118,9 @@ class EngineCore:
         output = self.scheduler.schedule()
         if output.empty:
             return []
-        plan = [(c.request.seq_id or 0, c.token_ids, c.start_pos, c.sample) for c in output.chunks]
+        plan: list[DecodeChunk] = [
+            (c.seq_id, c.token_ids, c.start_pos, c.sample) for c in output.chunks
+        ]
         try:
             rows = self.backend.decode(plan)
         except EngineError as exc:

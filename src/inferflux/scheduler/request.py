@@ -66,6 +66,7 @@ class ScheduledChunk:
     """Tokens of one request fed to this step, from position `start_pos`."""
 
     request: Request
+    seq_id: SeqId  # the request's sequence slot (every scheduled request has one)
     token_ids: list[int]
     start_pos: int
     sample: bool  # True when the chunk ends at the last known token: sample the next one

@@ -132,10 +132,13 @@ class Scheduler:
 
     @staticmethod
     def _chunk(request: Request, limit: int) -> ScheduledChunk:
+        if request.seq_id is None:
+            raise RuntimeError(f"{request.request_id} is scheduled without a sequence slot")
         token_ids = request.tokens_to_compute(limit)
         start = request.num_computed_tokens
         return ScheduledChunk(
             request=request,
+            seq_id=request.seq_id,
             token_ids=token_ids,
             start_pos=start,
             sample=start + len(token_ids) == request.num_tokens,
