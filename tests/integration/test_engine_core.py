@@ -32,13 +32,15 @@ QUESTIONS = [
 ]
 
 
-def make_core(path: str, *, n_ctx: int = 512, max_batch_tokens: int = 256) -> EngineCore:
+def make_core(
+    path: str, *, n_ctx: int = 512, max_batch_tokens: int = 256, kv_unified: bool = False
+) -> EngineCore:
     config = WorkerConfig(
         worker_id=0,
         generation=1,
         input_address="",
         output_address="",
-        context=ContextConfig(path, n_ctx, 8, max_batch_tokens, 2, 2, False),
+        context=ContextConfig(path, n_ctx, 8, max_batch_tokens, 2, 2, kv_unified),
         max_num_seqs=8,
         max_batch_tokens=max_batch_tokens,
         observability=ObservabilitySettings(),
@@ -284,3 +286,36 @@ def test_a_failure_inside_one_request_finishes_only_that_request(
 
 def _raise(spec):
     raise TypeError("injected sampler fault")
+
+
+def test_unified_kv_generates_and_admits_by_reserved_cells(smollm2_model_path, tokenizer) -> None:
+    """runtime.kv_unified: 8 x 256 = 2048 shared cells; admission reserves prompt + max_tokens."""
+    engine = make_core(smollm2_model_path, n_ctx=256, kv_unified=True)
+    split = make_core(smollm2_model_path, n_ctx=256)
+    try:
+        assert engine.scheduler.kv_capacity == engine.backend.n_ctx_total >= 2048
+        prompt = chat_prompt(tokenizer, QUESTIONS[0])
+        alone = run(engine, [request("u", prompt, max_tokens=16, ignore_eos=True)])["u"]
+        assert tokens_of(alone) == tokens_of(
+            run(split, [request("u", prompt, max_tokens=16, ignore_eos=True)])["u"]
+        )
+        too_big = engine.add_request(
+            request("big", prompt, max_tokens=engine.scheduler.kv_capacity)
+        )
+        assert too_big[0].finish_reason == FinishReason.ERROR and "KV cache" in (
+            too_big[0].error or ""
+        )
+        # each reserves len(prompt) + 600 cells: three fit in 2048, the rest wait for cells
+        per_request = len(prompt) + 600
+        fits = engine.scheduler.kv_capacity // per_request
+        for i in range(fits + 2):
+            assert (
+                engine.add_request(request(f"r{i}", prompt, max_tokens=600, ignore_eos=True)) == []
+            )
+        engine.step()
+        assert engine.stats().num_running == fits and engine.stats().num_waiting == 2
+        engine.abort_requests([f"r{i}" for i in range(fits + 2)])
+        assert not engine.has_work() and engine.stats().kv_cells_used == 0
+    finally:
+        engine.close()
+        split.close()
