@@ -10,7 +10,9 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   └── RequestTooLarge             413 request_too_large
     ├── ModelNotFound                   404 model_not_found
     ├── ServiceUnavailable              503 service_unavailable
-    │   └── NoWorkerReady               503 no_worker_ready
+    │   ├── NoWorkerReady               503 no_worker_ready
+    │   └── QueueFull                   503 queue_full (backpressure: above the high watermark)
+    ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
     │   └── EngineDeadError             500 worker_died (its worker process died)
     ├── ModelLoadError                  model file missing or unreadable (startup: exit non-zero)
@@ -86,6 +88,22 @@ class NoWorkerReady(ServiceUnavailable):
     """No engine worker is ready (still loading, or restarting after a crash)."""
 
     code = "no_worker_ready"
+
+
+class QueueFull(ServiceUnavailable):
+    """Backpressure: the queue is above its high watermark; retry after a while."""
+
+    code = "queue_full"
+    retry_after_s = 2
+
+
+class QueueTimeout(InferfluxError):
+    """The request waited in the queue longer than `scheduler.queue_timeout_s` and never ran."""
+
+    http_status = 408
+    error_type = "timeout_error"
+    code = "queue_timeout"
+    retry_after_s: int = 1
 
 
 class EngineError(InferfluxError):

@@ -48,6 +48,9 @@ class FakeTokenizer:
     def detokenize(self, token_ids: list[int]) -> str:
         return bytes(t - 3 for t in token_ids if t >= 3).decode("utf-8", "replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id - 3]) if 3 <= token_id < 259 else b""
+
 
 def fake_model_info(*, n_ctx: int = 256, architecture: str = "llama") -> ModelInfo:
     return ModelInfo(

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflux.errors import InferfluxError, InvalidRequest, ServiceUnavailable
+from inferflux.errors import InferfluxError, InvalidRequest, QueueTimeout, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,11 @@ _EXPECTED = {
 
 def error_response(exc: InferfluxError) -> Response:
     """The envelope response for `exc` (with Retry-After when the client should retry)."""
-    headers = (
-        {"retry-after": str(exc.retry_after_s)} if isinstance(exc, ServiceUnavailable) else None
-    )
+    headers: dict[str, str] | None = None
+    if isinstance(exc, ServiceUnavailable):
+        headers = {"retry-after": str(exc.retry_after_s)}
+    elif isinstance(exc, QueueTimeout):
+        headers = {"retry-after": str(exc.retry_after_s), "connection": "close"}
     return Response(
         msgspec.json.encode(exc.to_body()),
         status_code=exc.http_status,

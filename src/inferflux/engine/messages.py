@@ -25,6 +25,15 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens, or the context is full
     ABORT = "abort"  # cancelled: client gone, or shutdown
     ERROR = "error"  # failed inside the engine; `RequestDelta.error` says why
+    TIMEOUT = "timeout"  # waited in the queue past `scheduler.queue_timeout_s`; never ran
+
+
+class Priority(enum.StrEnum):
+    """Scheduling class of a request (every API accepts `priority`; default normal)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
 
 
 OPENAI_FINISH_REASON: dict[FinishReason, str] = {
@@ -33,6 +42,7 @@ OPENAI_FINISH_REASON: dict[FinishReason, str] = {
     FinishReason.LENGTH: "length",
     FinishReason.ABORT: "stop",
     FinishReason.ERROR: "error",
+    FinishReason.TIMEOUT: "error",
 }
 
 
@@ -52,6 +62,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
     stop: list[str] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+    # None = off; k >= 0 = each sampled token's logprob plus the k most likely tokens
+    logprobs: int | None = None
+    # None = off; k >= 0 = the logprob of every prompt token after the first, plus top k
+    prompt_logprobs: int | None = None
+    grammar: str | None = None  # GBNF (llama.cpp grammar syntax), root rule `root`
 
 
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):
@@ -60,6 +75,9 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
+    priority: Priority = Priority.NORMAL
+    # Prefix-cache namespace (tenant / adapter): KV is reused only within one namespace.
+    cache_namespace: str = ""
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -75,6 +93,16 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
 EngineInput = AddRequest | AbortRequests | Shutdown
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One position's log-probability (natural log, of the model's raw distribution,
+    before temperature and penalties), and the `top` most likely (token id, logprob)
+    pairs at that position, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = msgspec.field(default_factory=list)
+
+
 class RequestDelta(msgspec.Struct, kw_only=True):
     """What one request produced in one step.
 
@@ -88,7 +116,13 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None
+    # aligned with token_ids when SamplingParams.logprobs is set
+    logprobs: list[TokenLogprob] | None = None
+    # on the first delta only, when SamplingParams.prompt_logprobs is set: one entry per
+    # prompt token, None for the first (nothing predicts it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class EngineStats(msgspec.Struct, kw_only=True):

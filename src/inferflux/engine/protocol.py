@@ -61,6 +61,10 @@ class Tokenizer(Protocol):
         """Text of `token_ids`, special tokens rendered as empty."""
         ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character; b"" if special)."""
+        ...
+
 
 class EngineClient(Protocol):
     """How the API process talks to the engine. Async only; safe on one event loop."""

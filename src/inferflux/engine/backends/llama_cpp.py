@@ -124,6 +124,9 @@ class LlamaTokenizer:
     def detokenize(self, token_ids: list[int]) -> str:
         return b"".join(token_piece(self._vocab, t) for t in token_ids).decode("utf-8", "replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return token_piece(self._vocab, token_id)
+
     def close(self) -> None:
         if self._model:
             ll.llama_model_free(self._model)
@@ -193,6 +196,12 @@ class LlamaCppBackend:
                 f"{config.n_seq_max} sequences: lower model.ctx_size or scheduler.max_num_seqs"
             )
         return ctx
+
+    @property
+    def model_handle(self) -> Any:  # Any: llama_model*
+        """The loaded `llama_model*`, for another context over the same weights (embeddings).
+        Valid until `close()`."""
+        return self._model
 
     # -- tokens ------------------------------------------------------------------------
     def piece(self, token: int) -> bytes:
