@@ -8,9 +8,9 @@ nothing here reads files or the environment, and nothing captures values at impo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
@@ -82,6 +82,51 @@ class RuntimeSettings(_Section):
     )
 
 
+class FairnessSettings(_Section):
+    enable_preemption: bool = Field(
+        True,
+        description="A waiting request of `high_priority_threshold` or better takes the "
+        "slot of the newest running request of a lower priority (its KV goes to the prefix "
+        "cache; it resumes later without losing or repeating tokens).",
+    )
+    high_priority_threshold: Literal["high", "normal", "low"] = Field(
+        "high", description="Lowest priority whose waiting requests may preempt."
+    )
+    max_timeslice_tokens: int = Field(
+        128,
+        ge=1,
+        le=1_000_000,
+        description="Tokens a running request generates before it yields its slot to "
+        "waiting requests of a higher priority.",
+    )
+
+
+class PrefixCacheSettings(_Section):
+    enabled: bool = Field(
+        True, description="Reuse the KV of earlier prompts and turns (radix tree over tokens)."
+    )
+    slots: int = Field(
+        8,
+        ge=1,
+        le=128,
+        description="Sequences reserved for cached prefixes. With per-sequence KV each "
+        "holds a full context of cells (memory: slots × ctx_size × KV bytes per token).",
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Budget of cached tokens; LRU entries are evicted above it. Unset: 80% "
+        "of the cache slots' cells.",
+    )
+    min_match_tokens: int = Field(
+        8,
+        ge=1,
+        le=1_000_000,
+        description="Shorter matches count as misses (copying KV costs about as much as "
+        "prefilling a few tokens).",
+    )
+
+
 class SchedulerSettings(_Section):
     max_num_seqs: int = Field(
         16, ge=1, le=256, description="Sequences decoded together (llama.cpp n_seq_max)."
@@ -92,6 +137,53 @@ class SchedulerSettings(_Section):
         le=65536,
         description="Token budget of one engine step: decode tokens plus prompt chunks.",
     )
+    queue_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        le=86_400,
+        description="A request still queued (never started) after this long gets 408. 0 = never.",
+    )
+    aging_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="A waiting request climbs one priority class per aging_s, so low "
+        "priority is never starved (it waits at most 2 × aging_s before it ranks by "
+        "arrival among high-priority requests). 0 = no aging.",
+    )
+    batch_window_ms: float = Field(
+        0.0,
+        ge=0,
+        le=10_000,
+        description="When the engine is idle, hold the first admission this long so "
+        "requests arriving together share one prefill batch. 0 = dispatch at once (while "
+        "the engine runs, new requests join the next step anyway).",
+    )
+    high_watermark: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Queued requests at which new ones get 503 + Retry-After (backpressure).",
+    )
+    low_watermark: int = Field(
+        500,
+        ge=0,
+        le=1_000_000,
+        description="Backpressure ends once the queue is back at or below this depth.",
+    )
+    fairness: FairnessSettings = Field(default_factory=FairnessSettings)  # type: ignore[arg-type]
+    prefix_cache: PrefixCacheSettings = Field(
+        default_factory=PrefixCacheSettings  # type: ignore[arg-type]
+    )
+
+    @model_validator(mode="after")
+    def _watermarks_ordered(self) -> Self:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"low_watermark ({self.low_watermark}) must be below high_watermark "
+                f"({self.high_watermark})"
+            )
+        return self
 
 
 class ObservabilitySettings(_Section):

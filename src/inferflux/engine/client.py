@@ -32,6 +32,7 @@ from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineStats,
+    FinishReason,
     RequestDelta,
     Shutdown,
     StepOutputs,
@@ -42,7 +43,13 @@ from inferflux.engine.messages import (
 )
 from inferflux.engine.protocol import EngineClient, ModelInfo, WorkerStatus
 from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
-from inferflux.errors import EngineDeadError, ModelLoadError, NoWorkerReady
+from inferflux.errors import (
+    EngineDeadError,
+    ModelLoadError,
+    NoWorkerReady,
+    QueueFull,
+    QueueTimeout,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +94,7 @@ class WorkerPoolClient:
         self._output: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._backpressure = False
 
     # -- EngineClient -----------------------------------------------------------------
     @property
@@ -138,11 +146,18 @@ class WorkerPoolClient:
         # NOTE: a worker can die before the watchdog notices; a request it had not
         # produced anything for yet is resubmitted to another ready worker (spec REQ 9.4).
         # One that already streamed output fails: its sampling state died with the worker.
+        self._check_backpressure()
         for attempt in range(_MAX_RESUBMITS + 1):
             worker = self._pick_worker()
             produced = False
             try:
                 async for delta in self._generate_on(worker, request):
+                    if delta.finish_reason is FinishReason.TIMEOUT:
+                        raise QueueTimeout(
+                            "the request waited in the queue longer than "
+                            f"{self.settings.scheduler.queue_timeout_s:g} s "
+                            "(scheduler.queue_timeout_s); retry later"
+                        )
                     produced = True
                     yield delta
                 return
@@ -151,6 +166,28 @@ class WorkerPoolClient:
                     raise
                 logger.warning("resubmitting %s after its worker died", request.request_id)
                 await self._wait_ready(_RESUBMIT_WAIT_S)
+
+    def queue_depth(self) -> int:
+        """Requests submitted and not running yet (queued in a worker, or on the way)."""
+        in_flight = sum(len(w.in_flight) for w in self._workers)
+        return max(0, in_flight - sum(w.stats.num_running for w in self._workers))
+
+    def _check_backpressure(self) -> None:
+        """Raise QueueFull while the queue is above the high watermark, until it drains
+        to the low watermark (hysteresis; no worker is touched)."""
+        depth = self.queue_depth()
+        scheduler = self.settings.scheduler
+        if self._backpressure and depth <= scheduler.low_watermark:
+            self._backpressure = False
+            logger.info("backpressure off: queue depth %d", depth)
+        elif not self._backpressure and depth >= scheduler.high_watermark:
+            self._backpressure = True
+            logger.warning("backpressure on: queue depth %d", depth)
+        if self._backpressure:
+            raise QueueFull(
+                f"the server is overloaded ({depth} requests queued, "
+                f"scheduler.high_watermark {scheduler.high_watermark}); retry later"
+            )
 
     async def _generate_on(
         self, worker: _Worker, request: AddRequest

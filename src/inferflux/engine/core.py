@@ -17,12 +17,27 @@ from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
+    FairnessStats,
     FinishReason,
+    PrefixCacheStats,
+    Priority,
     RequestDelta,
     SamplingParams,
+    TokenLogprob,
 )
 from inferflux.errors import EngineError
-from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler, SchedulerOutput
+from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
+from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
+
+_PRIORITY_CLASS = {
+    Priority.HIGH: PriorityClass.HIGH,
+    Priority.NORMAL: PriorityClass.NORMAL,
+    Priority.LOW: PriorityClass.LOW,
+}
+# Finishes whose KV is worth keeping for a next turn (errors leave the KV undefined).
+_CACHEABLE = frozenset(
+    {FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH, FinishReason.ABORT}
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +48,7 @@ class _SequenceState:
     sampler: SamplerHandle
     detokenizer: IncrementalDetokenizer
     stop: StopMatcher
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # filled while prefilling
 
 
 def sampler_spec(params: SamplingParams) -> SamplerSpec:
@@ -49,6 +65,7 @@ def sampler_spec(params: SamplingParams) -> SamplerSpec:
         penalty_last_n=params.penalty_last_n,
         logit_bias=tuple(sorted(params.logit_bias.items())),
         ignore_eos=params.ignore_eos,
+        grammar=params.grammar,
     )
 
 
@@ -74,12 +91,18 @@ class EngineCore:
             request_id=RequestId(message.request_id),
             prompt_token_ids=message.prompt_token_ids,
             max_tokens=message.sampling.max_tokens,
+            priority=_PRIORITY_CLASS[message.priority],
+            cache_namespace=message.cache_namespace,
+            # Prompt logprobs need every prompt position computed.
+            use_prefix_cache=message.sampling.prompt_logprobs is None,
         )
         problem = self._reject_reason(request)
         if problem is not None:
             return [_error_delta(message.request_id, problem, request.num_prompt_tokens)]
         try:
             sampler = self.backend.make_sampler(sampler_spec(message.sampling))
+        except ValueError as exc:
+            return [_error_delta(message.request_id, str(exc), 0)]
         except Exception:  # NOTE: one request's failure must not take the worker down
             logger.exception("could not build the sampler of %s", message.request_id)
             return [_error_delta(message.request_id, "invalid sampling parameters", 0)]
@@ -89,6 +112,7 @@ class EngineCore:
             sampler=sampler,
             detokenizer=IncrementalDetokenizer(),
             stop=StopMatcher(message.sampling.stop),
+            prompt_logprobs=[None] if message.sampling.prompt_logprobs is not None else None,
         )
         return []
 
@@ -116,31 +140,89 @@ class EngineCore:
         """Run one step: one llama_decode over every scheduled chunk; one delta per
         request that produced text, a token, or finished."""
         output = self.scheduler.schedule()
-        if output.empty:
-            return []
+        deltas = [self._timed_out(r) for r in output.timed_out]
+        failed = self._apply_kv_ops(output.kv_ops)
+        chunks = [c for c in output.chunks if c.request.request_id not in failed]
+        deltas.extend(failed.values())
+        if not chunks:
+            return deltas
         plan: list[DecodeChunk] = [
-            (c.seq_id, c.token_ids, c.start_pos, c.sample) for c in output.chunks
+            (c.seq_id, c.token_ids, c.start_pos, self._n_logits(c)) for c in chunks
         ]
         try:
             rows = self.backend.decode(plan)
         except EngineError as exc:
             logger.error("step of %d tokens failed: %s", output.num_tokens, exc)
-            return [
-                self._finish(c.request, FinishReason.ERROR, "", str(exc)) for c in output.chunks
-            ]
+            deltas.extend(self._finish(c.request, FinishReason.ERROR, "", str(exc)) for c in chunks)
+            return deltas
         self._stats.num_steps += 1
-        return self._update_from_output(output, rows)
+        deltas.extend(self._update_from_output(chunks, rows))
+        return deltas
 
-    def _update_from_output(self, output: SchedulerOutput, rows: list[int]) -> list[RequestDelta]:
+    def wait_s(self) -> float:
+        """How long the worker may sleep before `step()` has work (0 = run now)."""
+        return self.scheduler.idle_wait_s()
+
+    def _n_logits(self, chunk: ScheduledChunk) -> int:
+        if _scores_prompt(chunk, self._states[chunk.request.request_id]):
+            return len(chunk.token_ids)
+        return 1 if chunk.sample else 0
+
+    def _apply_kv_ops(self, ops: list[KvOp]) -> dict[RequestId, RequestDelta]:
+        """Run the scheduler's KV copies and frees in order. A failed cache-hit copy
+        fails its request (its chunk assumed the copied KV)."""
+        failed: dict[RequestId, RequestDelta] = {}
+        for op in ops:
+            if isinstance(op, KvFree):
+                self.backend.free_seq(op.seq_id)
+            elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
+                continue
+            elif op.request is not None:
+                logger.error("prefix-cache copy into %s failed", op.request.request_id)
+                failed[op.request.request_id] = self._finish(
+                    op.request, FinishReason.ERROR, "", "the prefix-cache KV copy failed"
+                )
+            elif self.scheduler.prefix_cache is not None:
+                self.scheduler.prefix_cache.remove(op.dst)
+        return failed
+
+    def _timed_out(self, request: Request) -> RequestDelta:
+        state = self._states.pop(request.request_id)
+        state.sampler.close()
+        delta = _delta(request, "", [])
+        delta.finish_reason = FinishReason.TIMEOUT
+        delta.error = "the request waited in the queue longer than scheduler.queue_timeout_s"
+        return delta
+
+    def _update_from_output(
+        self, chunks: list[ScheduledChunk], rows: list[int]
+    ) -> list[RequestDelta]:
         deltas: list[RequestDelta] = []
-        for chunk, row in zip(output.chunks, rows, strict=True):
+        for chunk, row in zip(chunks, rows, strict=True):
             request = chunk.request
+            state = self._states[request.request_id]
+            if _scores_prompt(chunk, state):
+                self._score_prompt(chunk, row, state)
             request.num_computed_tokens += len(chunk.token_ids)
             if request.num_computed_tokens <= request.num_prompt_tokens:
                 self._stats.num_prompt_tokens_total += len(chunk.token_ids)
             if chunk.sample:
                 deltas.append(self._sample_isolated(chunk, row))
         return deltas
+
+    def _score_prompt(self, chunk: ScheduledChunk, row: int, state: _SequenceState) -> None:
+        """Logprobs of the prompt tokens this chunk's logits predict (the next ones)."""
+        assert state.prompt_logprobs is not None and state.sampling.prompt_logprobs is not None
+        prompt = chunk.request.prompt_token_ids
+        start, end = chunk.start_pos, chunk.start_pos + len(chunk.token_ids)
+        targets = prompt[start + 1 : min(end + 1, len(prompt))]
+        if not targets:
+            return
+        last_row = row - (end - start - len(targets))  # row of the last scored position
+        scored = self.backend.logprobs(last_row, targets, state.sampling.prompt_logprobs)
+        state.prompt_logprobs.extend(
+            TokenLogprob(t, lp, top) for t, (lp, top) in zip(targets, scored, strict=True)
+        )
 
     def _sample_isolated(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
         """`_sample_one`, but an unexpected failure finishes only this request (ERROR)."""
@@ -156,14 +238,28 @@ class EngineCore:
         token = self.backend.sample(state.sampler, row)
         request.output_token_ids.append(token)
         self._stats.num_generated_tokens_total += 1
+        self.scheduler.counters.tokens[request.priority] += 1
+        finish: FinishReason | None = None
+        text = ""
         if token in self.backend.eog_token_ids and not state.sampling.ignore_eos:
-            return self._finish(request, FinishReason.STOP, "", token_ids=[token])
-        text, matched = state.stop.push(state.detokenizer.push(self.backend.piece(token)))
-        if matched is not None:
-            return self._finish(request, FinishReason.STOP_SEQUENCE, text, token_ids=[token])
-        if len(request.output_token_ids) >= request.max_tokens:
-            return self._finish(request, FinishReason.LENGTH, text, token_ids=[token])
-        return _delta(request, text, [token])
+            finish = FinishReason.STOP
+        else:
+            text, matched = state.stop.push(state.detokenizer.push(self.backend.piece(token)))
+            if matched is not None:
+                finish = FinishReason.STOP_SEQUENCE
+            elif len(request.output_token_ids) >= request.max_tokens:
+                finish = FinishReason.LENGTH
+        delta = (
+            self._finish(request, finish, text, token_ids=[token])
+            if finish is not None
+            else _delta(request, text, [token])
+        )
+        if state.sampling.logprobs is not None:
+            ((logprob, top),) = self.backend.logprobs(row, [token], state.sampling.logprobs)
+            delta.logprobs = [TokenLogprob(token, logprob, top)]
+        if state.prompt_logprobs is not None and len(request.output_token_ids) == 1:
+            delta.prompt_logprobs = state.prompt_logprobs
+        return delta
 
     def _finish(
         self,
@@ -176,13 +272,12 @@ class EngineCore:
     ) -> RequestDelta:
         """Remove the request, free its KV and sampler; the last delta carries held text
         unless a stop string matched (that text is never released)."""
-        self.scheduler.finish(request.request_id)
+        _, ops = self.scheduler.finish(request.request_id, cache=reason in _CACHEABLE)
+        self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             text += state.stop.push(state.detokenizer.flush())[0] + state.stop.flush()
         state.sampler.close()
-        if request.seq_id is not None:
-            self.backend.free_seq(request.seq_id)
         delta = _delta(request, text, token_ids or [])
         delta.finish_reason = reason
         delta.error = error
@@ -199,12 +294,55 @@ class EngineCore:
             num_generated_tokens_total=s.num_generated_tokens_total,
             kv_cells_used=sum(r.num_computed_tokens for r in self.scheduler.running),
             kv_cells_total=s.kv_cells_total,
+            waiting_by_priority={
+                p.name.lower(): n for p, n in self.scheduler.num_waiting_by_class().items()
+            },
+            fairness=_fairness_stats(self.scheduler),
+            prefix_cache=_prefix_stats(self.scheduler),
         )
 
     def close(self) -> None:
         """Abort everything and free the backend."""
         self.abort_requests(self.request_ids())
         self.backend.close()
+
+
+def _fairness_stats(scheduler: Scheduler) -> FairnessStats:
+    c = scheduler.counters
+    return FairnessStats(
+        preemptions=c.preemptions,
+        yields=c.yields,
+        resumes=c.resumes,
+        timeouts=c.timeouts,
+        tokens={p.name.lower(): n for p, n in c.tokens.items()},
+    )
+
+
+def _prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
+    cache = scheduler.prefix_cache
+    if cache is None:
+        return None
+    c = cache.stats
+    return PrefixCacheStats(
+        hits=c.hits,
+        misses=c.misses,
+        partial_hits=c.partial_hits,
+        matched_tokens=c.matched_tokens,
+        evictions=c.evictions,
+        inserts=c.inserts,
+        entries=cache.num_entries,
+        cached_tokens=cache.cached_tokens,
+        max_tokens=cache.max_tokens,
+    )
+
+
+def _scores_prompt(chunk: ScheduledChunk, state: _SequenceState) -> bool:
+    """True when this chunk's prompt positions still need their logprobs (not when a
+    preempted request recomputes them)."""
+    scored = state.prompt_logprobs
+    return scored is not None and len(scored) == chunk.start_pos + 1 < (
+        chunk.request.num_prompt_tokens
+    )
 
 
 def _delta(request: Request, text: str, token_ids: list[int]) -> RequestDelta:
@@ -214,6 +352,7 @@ def _delta(request: Request, text: str, token_ids: list[int]) -> RequestDelta:
         token_ids=token_ids,
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=len(request.output_token_ids),
+        num_cached_tokens=request.num_cached_tokens,
     )
 
 

@@ -125,6 +125,30 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+class FairnessStats(msgspec.Struct, kw_only=True):
+    """Scheduler fairness counters since the worker started (OBS-1 names in /metrics)."""
+
+    preemptions: int = 0
+    yields: int = 0
+    resumes: int = 0
+    timeouts: int = 0  # queue timeouts (408)
+    tokens: dict[str, int] = msgspec.field(default_factory=dict)  # generated, per priority
+
+
+class PrefixCacheStats(msgspec.Struct, kw_only=True):
+    """Prefix cache counters since the worker started, and its size now."""
+
+    hits: int = 0
+    misses: int = 0
+    partial_hits: int = 0
+    matched_tokens: int = 0
+    evictions: int = 0
+    inserts: int = 0
+    entries: int = 0
+    cached_tokens: int = 0
+    max_tokens: int = 0
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """A worker's state after its latest step (or when idle)."""
 
@@ -135,6 +159,9 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_generated_tokens_total: int = 0
     kv_cells_used: int = 0
     kv_cells_total: int = 0
+    waiting_by_priority: dict[str, int] = msgspec.field(default_factory=dict)
+    fairness: FairnessStats = msgspec.field(default_factory=FairnessStats)
+    prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off
 
 
 class WorkerReady(msgspec.Struct, tag="ready", kw_only=True):

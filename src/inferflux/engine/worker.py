@@ -12,14 +12,15 @@ request that changed. While idle it blocks on the input socket.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
-from inferflux.config.settings import ObservabilitySettings, Settings
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import (
@@ -38,6 +39,9 @@ from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InferfluxError
 from inferflux.observability.logging import configure_logging
 from inferflux.scheduler import Scheduler
+from inferflux.scheduler.prefix_cache import PrefixCache
+from inferflux.scheduler.request import PriorityClass
+from inferflux.scheduler.scheduler import SchedulingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class WorkerConfig:
     max_batch_tokens: int
     observability: ObservabilitySettings
     exit_with_parent: bool = True
+    scheduling: SchedulerSettings = field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
 
 
 def worker_config(
@@ -73,10 +78,11 @@ def worker_config(
     """The WorkerConfig of one worker of `inferflux serve` with these settings."""
     runtime, scheduler = settings.runtime, settings.scheduler
     n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
+    cache_slots = scheduler.prefix_cache.slots if scheduler.prefix_cache.enabled else 0
     context = ContextConfig(
         model_path=model_info.path,
         n_ctx_per_seq=model_info.n_ctx,
-        n_seq_max=scheduler.max_num_seqs,
+        n_seq_max=scheduler.max_num_seqs + cache_slots,
         n_batch=scheduler.max_batch_tokens,
         n_threads=n_threads,
         n_threads_batch=runtime.n_threads_batch or n_threads,
@@ -93,16 +99,53 @@ def worker_config(
         max_batch_tokens=scheduler.max_batch_tokens,
         observability=settings.observability,
         exit_with_parent=exit_with_parent,
+        scheduling=scheduler,
+    )
+
+
+def scheduling_policy(settings: SchedulerSettings) -> SchedulingPolicy:
+    """The scheduler's runtime knobs from the `scheduler` config section."""
+    fairness = settings.fairness
+    return SchedulingPolicy(
+        queue_timeout_s=settings.queue_timeout_s,
+        aging_s=settings.aging_s,
+        batch_window_s=settings.batch_window_ms / 1000.0,
+        enable_preemption=fairness.enable_preemption,
+        high_priority_threshold=PriorityClass[fairness.high_priority_threshold.upper()],
+        max_timeslice_tokens=fairness.max_timeslice_tokens,
+    )
+
+
+def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
+    """The cache index over the sequence slots after the running ones, or None if off."""
+    settings = config.scheduling.prefix_cache
+    first = config.max_num_seqs
+    # Only the sequences the context has beyond the running ones (worker_config adds them).
+    slots = min(settings.slots, config.context.n_seq_max - first)
+    if not settings.enabled or slots <= 0:
+        return None
+    budget = settings.max_tokens or int(0.8 * slots * config.context.n_ctx_per_seq)
+    return PrefixCache(
+        list(range(first, first + slots)),
+        max_tokens=budget,
+        min_match=settings.min_match_tokens,
     )
 
 
 def build_engine_core(config: WorkerConfig) -> EngineCore:
     """Load the model and wire backend + scheduler. Raises ModelLoadError."""
     backend = LlamaCppBackend(config.context)
+    cache = _prefix_cache(config)
+    kv_capacity: int | None = None
+    if config.context.kv_unified:
+        # Cached prefixes hold cells of the shared buffer too: keep their budget out.
+        kv_capacity = backend.n_ctx_total - (cache.max_tokens if cache is not None else 0)
     scheduler = Scheduler(
         max_num_seqs=config.max_num_seqs,
         max_batch_tokens=config.max_batch_tokens,
-        kv_capacity=backend.n_ctx_total if config.context.kv_unified else None,
+        kv_capacity=kv_capacity,
+        policy=scheduling_policy(config.scheduling),
+        prefix_cache=cache,
     )
     return EngineCore(backend, scheduler)
 
@@ -223,7 +266,9 @@ class _WorkerLoop:
 
     def run(self) -> None:
         while True:
-            timeout = 0 if self.core.has_work() else _IDLE_POLL_MS
+            timeout = _IDLE_POLL_MS
+            if self.core.has_work():
+                timeout = math.ceil(self.core.wait_s() * 1000)
             deltas: list[RequestDelta] = []
             if self.poller.poll(timeout) and self._drain_inputs(deltas):
                 self._send(deltas)

@@ -16,6 +16,14 @@ RequestId = NewType("RequestId", str)
 SeqId = NewType("SeqId", int)
 
 
+class PriorityClass(enum.IntEnum):
+    """Scheduling class; lower is served first. Aging lowers a waiting request's class."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+
 class RequestStatus(enum.IntEnum):
     """Lifecycle. Ordered: every status after RUNNING is terminal."""
 
@@ -36,6 +44,29 @@ class Request:
     seq_id: SeqId | None = None
     status: RequestStatus = RequestStatus.WAITING
     arrival_at: float = field(default_factory=time.monotonic)
+    priority: PriorityClass = PriorityClass.NORMAL
+    cache_namespace: str = ""  # prefix-cache namespace (tenant / adapter)
+    use_prefix_cache: bool = True  # False when every prompt position must be computed
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_preemptions: int = 0  # > 0: it ran, gave its slot back, and waits to resume
+    output_len_at_admit: int = 0  # len(output_token_ids) when last admitted (timeslices)
+
+    @property
+    def started(self) -> bool:
+        """True once it has produced a token (a queue timeout no longer applies)."""
+        return bool(self.output_token_ids) or self.num_preemptions > 0
+
+    @property
+    def tokens_since_admit(self) -> int:
+        return len(self.output_token_ids) - self.output_len_at_admit
+
+    def computed_token_ids(self) -> list[int]:
+        """The tokens whose KV the request's sequence holds, in order."""
+        n = self.num_computed_tokens
+        n_prompt = len(self.prompt_token_ids)
+        if n <= n_prompt:
+            return self.prompt_token_ids[:n]
+        return self.prompt_token_ids + self.output_token_ids[: n - n_prompt]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -73,11 +104,36 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCopy:
+    """Make sequence `dst` hold the first `n_tokens` positions of sequence `src`."""
+
+    src: SeqId
+    dst: SeqId
+    n_tokens: int
+    request: Request | None = None  # set when the copy admits this request (a cache hit)
+
+
+@dataclass(frozen=True, slots=True)
+class KvFree:
+    """Drop all KV of sequence `seq_id`."""
+
+    seq_id: SeqId
+
+
+KvOp = KvCopy | KvFree
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
-    """What runs in one step: decode chunks first, then prompt chunks."""
+    """What runs in one step: KV operations first (in order, before the decode), then
+    decode chunks, then prompt chunks. `timed_out` requests left the queue unrun."""
 
     chunks: list[ScheduledChunk]
     num_tokens: int
+    kv_ops: list[KvOp] = field(default_factory=list)
+    timed_out: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    wait_s: float = 0.0  # > 0: nothing runs yet (batching window); ask again after this
 
     @property
     def empty(self) -> bool:

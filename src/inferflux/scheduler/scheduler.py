@@ -1,22 +1,49 @@
 """Continuous batching: which tokens of which requests go into the next engine step.
 
-Owns: the waiting queue (FCFS), the running set, sequence-slot allocation and, in
-unified-KV mode, the KV cell reservation. Pure logic: no llama.cpp, no I/O; tests call
-`schedule()` directly and check the exact state after every step.
+Owns: the waiting queues (high, normal, low; FIFO within each, with aging), the running
+set, sequence-slot allocation, unified-KV cell reservation, queue timeouts, the batching
+window, fairness (timeslice yields and priority preemption), and the prefix cache
+bookkeeping (which KV copies a hit, a preemption or a finish needs). Pure logic: no
+llama.cpp, no I/O; tests call `schedule()` with a clock of their own and check the exact
+state after every step.
 
 There are no prefill and decode phases. Each step has a token budget
 (`max_batch_tokens`); every running request that has sampled a token feeds it (one
 token each, first, so inter-token latency stays flat), then prompts still being
 prefilled get chunks, then waiting requests are admitted while a sequence slot, budget
 and KV cells remain. A request's computed-token count catches up with its length.
+
+Admission order. The head of each class queue competes on (effective class, arrival),
+where a request's effective class drops by one for every `aging_s` it has waited. So a
+LOW request waits at most `2 * aging_s` before it is ordered purely by arrival among
+HIGH requests: no request that arrived after it is admitted before it from then on
+(the starvation bound, tested).
+
+Fairness. When a waiting request cannot be admitted (no slot, or no KV cells):
+- with `enable_preemption`, a waiting request of class `high_priority_threshold` or
+  better preempts the newest running request of a worse class that has produced at least
+  `_MIN_RUN_TOKENS` since its admission (a preemption);
+- otherwise a running request of a worse class that produced `max_timeslice_tokens`
+  since its admission gives its slot back (a yield).
+Either way its KV is first copied into the prefix cache, it returns to the front of its
+queue with its tokens and sampler state, and on resume only what the cache lost is
+recomputed: nothing is lost or repeated.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
+    KvCopy,
+    KvFree,
+    KvOp,
+    PriorityClass,
     Request,
     RequestId,
     RequestStatus,
@@ -25,30 +52,71 @@ from inferflux.scheduler.request import (
     SeqId,
 )
 
+_MIN_RUN_TOKENS = 16  # a resumed request runs this long before it can be preempted again
+_TIMEOUT_SCAN_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    """The runtime-adjustable knobs (assign a new one to `Scheduler.policy`)."""
+
+    queue_timeout_s: float = 30.0  # waiting longer without starting → TIMEOUT (408)
+    aging_s: float = 5.0  # a waiting request climbs one class per aging_s (0 = no aging)
+    batch_window_s: float = 0.0  # idle engine: wait this long for more arrivals
+    enable_preemption: bool = True
+    high_priority_threshold: PriorityClass = PriorityClass.HIGH
+    max_timeslice_tokens: int = 128
+
+
+@dataclass(slots=True)
+class FairnessCounters:
+    """OBS-1 fairness counters, plus tokens generated per class (counted by EngineCore)."""
+
+    preemptions: int = 0
+    yields: int = 0
+    resumes: int = 0
+    timeouts: int = 0
+    tokens: dict[PriorityClass, int] = field(
+        default_factory=lambda: dict.fromkeys(PriorityClass, 0)
+    )
+
 
 class Scheduler:
-    """FCFS continuous-batching scheduler. Not thread-safe: one engine thread owns it."""
+    """Priority continuous-batching scheduler. Not thread-safe: one engine thread owns it."""
 
     def __init__(
-        self, *, max_num_seqs: int, max_batch_tokens: int, kv_capacity: int | None
+        self,
+        *,
+        max_num_seqs: int,
+        max_batch_tokens: int,
+        kv_capacity: int | None,
+        policy: SchedulingPolicy | None = None,
+        prefix_cache: PrefixCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`kv_capacity`: cells shared by all sequences (unified KV), or None when each
-        sequence slot has a full context of its own."""
+        """`kv_capacity`: cells shared by all running sequences (unified KV), or None
+        when each sequence slot has a full context of its own. Running requests use
+        slots 0..max_num_seqs-1; the prefix cache's slots are its own."""
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.kv_capacity = kv_capacity
-        self.waiting: deque[Request] = deque()
+        self.policy = policy or SchedulingPolicy()
+        self.prefix_cache = prefix_cache
+        self.clock = clock
+        self.counters = FairnessCounters()
+        self.queues: dict[PriorityClass, deque[Request]] = {p: deque() for p in PriorityClass}
         self.running: list[Request] = []
         self._requests: dict[RequestId, Request] = {}
         self._free_seq_ids: list[int] = list(range(max_num_seqs))
         self._reserved_cells = 0
+        self._last_timeout_scan = float("-inf")
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
         return self._requests.get(request_id)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.running) or any(self.queues.values())
 
     @property
     def num_running(self) -> int:
@@ -56,7 +124,21 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return sum(len(q) for q in self.queues.values())
+
+    def num_waiting_by_class(self) -> dict[PriorityClass, int]:
+        return {p: len(q) for p, q in self.queues.items()}
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Every waiting request, in admission order if nothing ages meanwhile."""
+        now = self.clock()
+        pending = [r for q in self.queues.values() for r in q]
+        return sorted(pending, key=lambda r: self._rank(r, now))
+
+    def idle_wait_s(self) -> float:
+        """Seconds until `schedule()` can run anything (the batching window), else 0."""
+        return self._window_wait(self.clock())
 
     def can_ever_fit(self, request: Request) -> bool:
         """False when the request needs more KV cells than exist at all."""
@@ -64,32 +146,64 @@ class Scheduler:
 
     # -- mutations -----------------------------------------------------------------
     def add(self, request: Request) -> None:
-        """Queue a request (FCFS). Raises ValueError on a duplicate id."""
+        """Queue a request at the back of its class. Raises ValueError on a duplicate id."""
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id}")
         request.status = RequestStatus.WAITING
         self._requests[request.request_id] = request
-        self.waiting.append(request)
+        self.queues[request.priority].append(request)
 
-    def finish(self, request_id: RequestId) -> Request | None:
-        """Remove a request wherever it is and free its slot. Returns it (its `seq_id`
-        still set, so the caller can drop the KV), or None if unknown."""
+    def finish(
+        self, request_id: RequestId, *, cache: bool = False
+    ) -> tuple[Request | None, list[KvOp]]:
+        """Remove a request wherever it is. Returns it (None if unknown) and the KV
+        operations to run now: with `cache`, a copy of its KV into the prefix cache, then
+        freeing its slot."""
         request = self._requests.pop(request_id, None)
         if request is None:
-            return None
+            return None, []
+        ops: list[KvOp] = []
         if request.status == RequestStatus.RUNNING:
-            self.running.remove(request)
-            if request.seq_id is not None:
-                heapq.heappush(self._free_seq_ids, request.seq_id)
-            if self.kv_capacity is not None:
-                self._reserved_cells -= request.max_total_tokens
+            ops = self._release(request, cache=cache)
         else:
-            self.waiting.remove(request)
+            self.queues[request.priority].remove(request)
         request.status = RequestStatus.FINISHED
-        return request
+        return request, ops
+
+    def _release(self, request: Request, *, cache: bool) -> list[KvOp]:
+        """Take a running request off its slot; the KV ops that saves (opt.) and frees it."""
+        self.running.remove(request)
+        if self.kv_capacity is not None:
+            self._reserved_cells -= request.max_total_tokens
+        seq_id = request.seq_id
+        if seq_id is None:
+            return []
+        heapq.heappush(self._free_seq_ids, seq_id)
+        ops: list[KvOp] = []
+        if cache and self.prefix_cache is not None and request.use_prefix_cache:
+            ops.extend(self._cache_insert(request, seq_id))
+        ops.append(KvFree(seq_id))
+        return ops
+
+    def _cache_insert(self, request: Request, seq_id: SeqId) -> list[KvOp]:
+        assert self.prefix_cache is not None
+        tokens = request.computed_token_ids()
+        inserted = self.prefix_cache.insert(request.cache_namespace, tokens)
+        if inserted is None:
+            return []
+        ops: list[KvOp] = [KvFree(SeqId(s)) for s in inserted.evicted if s != inserted.slot]
+        ops.append(KvCopy(src=seq_id, dst=SeqId(inserted.slot), n_tokens=inserted.length))
+        return ops
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks (see the module docstring). Admits waiting requests."""
+        now = self.clock()
+        timed_out = self._expire(now)
+        wait_s = self._window_wait(now)
+        if wait_s > 0:
+            return SchedulerOutput(chunks=[], num_tokens=0, timed_out=timed_out, wait_s=wait_s)
+        kv_ops: list[KvOp] = []
+        preempted = self._make_room(now, kv_ops)
         budget = self.max_batch_tokens
         chunks: list[ScheduledChunk] = []
         prefilling: list[Request] = []
@@ -105,12 +219,31 @@ class Scheduler:
             chunk = self._chunk(request, budget)
             chunks.append(chunk)
             budget -= len(chunk.token_ids)
-        while budget > 0 and self.waiting and self._can_admit(self.waiting[0]):
-            request = self._admit()
-            chunk = self._chunk(request, budget)
+        while budget > 0:
+            head = self._next_waiting(now)
+            if head is None or not self._can_admit(head):
+                break
+            self._admit(head, kv_ops)
+            chunk = self._chunk(head, budget)
             chunks.append(chunk)
             budget -= len(chunk.token_ids)
-        return SchedulerOutput(chunks=chunks, num_tokens=self.max_batch_tokens - budget)
+        return SchedulerOutput(
+            chunks=chunks,
+            num_tokens=self.max_batch_tokens - budget,
+            kv_ops=kv_ops,
+            timed_out=timed_out,
+            preempted=preempted,
+        )
+
+    # -- admission -----------------------------------------------------------------
+    def _rank(self, request: Request, now: float) -> tuple[int, float]:
+        aging = self.policy.aging_s
+        steps = int((now - request.arrival_at) / aging) if aging > 0 else 0
+        return max(0, request.priority - steps), request.arrival_at
+
+    def _next_waiting(self, now: float) -> Request | None:
+        heads = [q[0] for q in self.queues.values() if q]
+        return min(heads, key=lambda r: self._rank(r, now)) if heads else None
 
     def _can_admit(self, request: Request) -> bool:
         if not self._free_seq_ids:
@@ -119,16 +252,107 @@ class Scheduler:
             return True
         return self._reserved_cells + request.max_total_tokens <= self.kv_capacity
 
-    def _admit(self) -> Request:
-        request = self.waiting.popleft()
+    def _admit(self, request: Request, kv_ops: list[KvOp]) -> None:
+        self.queues[request.priority].remove(request)
         # NOTE: the lowest free slot keeps active seq ids packed; scattered slots made
         # llama_decode up to 2x slower in per-sequence KV mode (ENGINE_NOTES.md).
-        request.seq_id = SeqId(heapq.heappop(self._free_seq_ids))
+        seq_id = SeqId(heapq.heappop(self._free_seq_ids))
+        request.seq_id = seq_id
         request.status = RequestStatus.RUNNING
+        request.output_len_at_admit = len(request.output_token_ids)
+        request.num_computed_tokens = 0
+        if request.num_preemptions:
+            self.counters.resumes += 1
         if self.kv_capacity is not None:
             self._reserved_cells += request.max_total_tokens
         self.running.append(request)
-        return request
+        self._reuse_prefix(request, seq_id, kv_ops)
+
+    def _reuse_prefix(self, request: Request, seq_id: SeqId, kv_ops: list[KvOp]) -> None:
+        """On a prefix-cache hit, copy the cached KV into the request's slot."""
+        cache = self.prefix_cache
+        if cache is None or not request.use_prefix_cache:
+            return
+        tokens = request.prompt_token_ids + request.output_token_ids
+        # At least one token must be computed: its logits give the next sample.
+        match = cache.match(request.cache_namespace, tokens, max_length=len(tokens) - 1)
+        if match is None:
+            return
+        kv_ops.append(KvCopy(SeqId(match.slot), seq_id, match.length, request=request))
+        request.num_computed_tokens = match.length
+        if not request.num_preemptions:
+            request.num_cached_tokens = min(match.length, request.num_prompt_tokens)
+
+    def cache_copy_failed(self, request: Request) -> None:
+        """The KV copy of a hit failed: compute the request from scratch instead."""
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = 0
+
+    # -- timeouts and the batching window -------------------------------------------
+    def _expire(self, now: float) -> list[Request]:
+        """Drop never-started waiting requests older than the queue timeout."""
+        timeout = self.policy.queue_timeout_s
+        if timeout <= 0 or now - self._last_timeout_scan < _TIMEOUT_SCAN_S:
+            return []
+        self._last_timeout_scan = now
+        expired: list[Request] = []
+        for queue in self.queues.values():
+            for request in [r for r in queue if not r.started and now - r.arrival_at > timeout]:
+                queue.remove(request)
+                del self._requests[request.request_id]
+                request.status = RequestStatus.FINISHED
+                expired.append(request)
+        self.counters.timeouts += len(expired)
+        return expired
+
+    def _window_wait(self, now: float) -> float:
+        """Seconds to hold admissions so arrivals can share a first batch (idle only)."""
+        window = self.policy.batch_window_s
+        if window <= 0 or self.running or not self.has_work():
+            return 0.0
+        if self.num_waiting >= self.max_num_seqs or self.queues[PriorityClass.HIGH]:
+            return 0.0
+        oldest = min(q[0].arrival_at for q in self.queues.values() if q)
+        return max(0.0, oldest + window - now)
+
+    # -- fairness ------------------------------------------------------------------
+    def _make_room(self, now: float, kv_ops: list[KvOp]) -> list[Request]:
+        """Preempt or yield running requests that block better waiting ones."""
+        head = self._next_waiting(now)
+        if head is None or self._can_admit(head):
+            return []
+        policy = self.policy
+        victim: Request | None = None
+        if policy.enable_preemption and head.priority <= policy.high_priority_threshold:
+            victim = self._victim(head, _MIN_RUN_TOKENS)
+            if victim is not None:
+                self.counters.preemptions += 1
+        if victim is None:
+            victim = self._victim(head, policy.max_timeslice_tokens)
+            if victim is not None:
+                self.counters.yields += 1
+        if victim is None:
+            return []
+        kv_ops.extend(self._release(victim, cache=True))
+        victim.seq_id = None
+        victim.num_computed_tokens = 0  # its KV now lives in the prefix cache, if anywhere
+        victim.status = RequestStatus.WAITING
+        victim.num_preemptions += 1
+        self.queues[victim.priority].appendleft(victim)
+        return [victim]
+
+    def _victim(self, head: Request, min_tokens: int) -> Request | None:
+        """The newest decoding request of a worse class than `head` that ran long enough."""
+        candidates = [
+            r
+            for r in self.running
+            if r.priority > head.priority
+            and r.num_computed_tokens >= r.num_prompt_tokens
+            and r.tokens_since_admit >= min_tokens
+        ]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda r: (r.priority, r.arrival_at))
 
     @staticmethod
     def _chunk(request: Request, limit: int) -> ScheduledChunk:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from inferflux.scheduler import Request, RequestId, RequestStatus, Scheduler, SchedulerOutput
+from inferflux.scheduler import (
+    Request,
+    RequestId,
+    RequestStatus,
+    Scheduler,
+    SchedulerOutput,
+    SeqId,
+)
+from inferflux.scheduler.request import KvFree
 
 
 def make_request(rid: str, n_prompt: int, max_tokens: int = 8) -> Request:
@@ -61,7 +69,8 @@ def test_admission_waits_for_a_free_sequence_slot_and_reuses_the_lowest() -> Non
     assert [r.request_id for r in sched.waiting] == ["c"]
     complete(out)
 
-    finished = sched.finish(RequestId("a"))
+    finished, ops = sched.finish(RequestId("a"))
+    assert ops == [KvFree(SeqId(0))]
     assert finished is not None and finished.seq_id == 0
     assert finished.status == RequestStatus.FINISHED
 
@@ -74,9 +83,9 @@ def test_finish_of_a_waiting_request_removes_it_from_the_queue() -> None:
     sched.add(make_request("a", 2))
     sched.add(make_request("b", 2))
     complete(sched.schedule())
-    assert sched.finish(RequestId("b")) is not None
+    assert sched.finish(RequestId("b"))[0] is not None
     assert sched.num_waiting == 0
-    assert sched.finish(RequestId("b")) is None
+    assert sched.finish(RequestId("b")) == (None, [])
     assert sched.has_work()  # a still runs
 
 

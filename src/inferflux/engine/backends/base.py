@@ -26,6 +26,7 @@ class SamplerSpec:
     penalty_last_n: int
     logit_bias: tuple[tuple[int, float], ...]
     ignore_eos: bool
+    grammar: str | None = None  # GBNF, root rule `root`
 
 
 class SamplerHandle(Protocol):
@@ -34,8 +35,13 @@ class SamplerHandle(Protocol):
     def close(self) -> None: ...
 
 
-# One chunk of a step: (seq_id, token_ids, start_pos, want_logits).
-DecodeChunk = tuple[int, list[int], int, bool]
+# One chunk of a step: (seq_id, token_ids, start_pos, n_logits). `n_logits` trailing
+# tokens of the chunk get logits: 0 none, 1 the last (to sample), len(token_ids) all
+# (prompt logprobs). A bool works too (True = 1).
+DecodeChunk = tuple[int, list[int], int, int]
+
+# (logprob of the token, the k most likely (token id, logprob), most likely first)
+Logprob = tuple[float, list[tuple[int, float]]]
 
 
 class ModelBackend(Protocol):
@@ -52,8 +58,24 @@ class ModelBackend(Protocol):
         ...
 
     def decode(self, chunks: list[DecodeChunk]) -> list[int]:
-        """One forward pass over every chunk; returns per chunk the row to sample from
-        (-1 where want_logits is False). Raises EngineError on failure."""
+        """One forward pass over every chunk; returns per chunk the row of its last
+        token's logits (-1 where n_logits is 0); the chunk's other logits rows precede it.
+        Raises EngineError on failure."""
+        ...
+
+    def logprobs(self, row: int, token_ids: list[int], top_k: int) -> list[Logprob]:
+        """Log-probabilities under the raw distribution of batch row `row`, one entry per
+        token of `token_ids`, each with the `top_k` most likely tokens."""
+        ...
+
+    def copy_seq(self, src: int, dst: int, n_tokens: int) -> bool:
+        """Make `dst` hold the first `n_tokens` positions of `src`'s KV (dst is cleared
+        first). False when the backend could not (dst is then empty)."""
+        ...
+
+    def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
+        """Keep only the first `n_tokens` positions of `seq_id`. False when llama.cpp
+        refused (the sequence is then cleared)."""
         ...
 
     def free_seq(self, seq_id: int) -> None: ...

@@ -22,7 +22,7 @@ from typing import Any, cast
 import llama_cpp as ll
 import numpy as np
 
-from inferflux.engine.backends.base import DecodeChunk, SamplerHandle, SamplerSpec
+from inferflux.engine.backends.base import DecodeChunk, Logprob, SamplerHandle, SamplerSpec
 from inferflux.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -127,10 +127,27 @@ class LlamaTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return token_piece(self._vocab, token_id)
 
+    def grammar_error(self, grammar: str) -> str | None:
+        """None when `grammar` is valid GBNF with a `root` rule, else why not."""
+        return check_grammar(self._vocab, grammar)
+
     def close(self) -> None:
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None
+
+
+def check_grammar(vocab: Any, grammar: str) -> str | None:  # Any: vocab*
+    """None when llama.cpp accepts `grammar` (GBNF, root rule `root`), else a reason."""
+    if not grammar.strip():
+        return "the grammar is empty"
+    sampler = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        return (
+            "the grammar is not valid GBNF (llama.cpp's parser rejected it; it needs a root rule)"
+        )
+    ll.llama_sampler_free(sampler)
+    return None
 
 
 def token_piece(vocab: Any, token: int) -> bytes:  # Any: vocab*
@@ -213,21 +230,42 @@ class LlamaCppBackend:
 
     # -- sampling ----------------------------------------------------------------------
     def make_sampler(self, params: SamplerSpec) -> Sampler:
-        """A sampler chain for one sequence. Free it with `Sampler.close()`."""
-        return Sampler(params, self.n_vocab, self.eog_token_ids)
+        """A sampler chain for one sequence. Free it with `Sampler.close()`. Raises
+        ValueError for a grammar llama.cpp rejects."""
+        return Sampler(params, self._vocab, self.n_vocab, self.eog_token_ids)
 
     def sample(self, sampler: SamplerHandle, batch_index: int) -> int:
         """Sample from the logits of batch row `batch_index`; updates penalty history."""
         chain = cast(Sampler, sampler).chain
         return int(ll.llama_sampler_sample(chain, self._ctx, batch_index))
 
+    def logprobs(self, row: int, token_ids: list[int], top_k: int) -> list[Logprob]:
+        """Raw-distribution log-probabilities of `token_ids` at consecutive rows ending at
+        `row` (one token per row: token i is scored at row `row - len + 1 + i`)."""
+        first = row - len(token_ids) + 1
+        out: list[Logprob] = []
+        for i, token in enumerate(token_ids):
+            ptr = ll.llama_get_logits_ith(self._ctx, first + i)
+            logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            peak = float(logits.max())
+            log_z = peak + math.log(float(np.exp(logits - peak, dtype=np.float64).sum()))
+            top: list[tuple[int, float]] = []
+            if top_k > 0:
+                k = min(top_k, self.n_vocab)
+                ids = np.argpartition(-logits, k - 1)[:k]
+                ids = ids[np.argsort(-logits[ids], kind="stable")]
+                top = [(int(t), float(logits[t]) - log_z) for t in ids]
+            out.append((float(logits[token]) - log_z, top))
+        return out
+
     # -- decoding ----------------------------------------------------------------------
     def decode(self, chunks: list[DecodeChunk]) -> list[int]:
-        """Run one `llama_decode` over `chunks` of (seq_id, token_ids, start_pos, want_logits).
+        """Run one `llama_decode` over `chunks` of (seq_id, token_ids, start_pos, n_logits).
 
-        Returns, per chunk, the batch row whose logits can be sampled (-1 where
-        want_logits is False). Raises EngineError if llama.cpp rejects the batch; the
-        KV of the batch's sequences is then undefined and the caller must free them.
+        Returns, per chunk, the row of its last token's logits (-1 where n_logits is 0);
+        the chunk's other logits rows are the ones just before it. Raises EngineError if
+        llama.cpp rejects the batch; the KV of the batch's sequences is then undefined and
+        the caller must free them.
         """
         rows = self._batch.fill(chunks)
         status = ll.llama_decode(self._ctx, self._batch.struct)
@@ -238,6 +276,27 @@ class LlamaCppBackend:
     def free_seq(self, seq_id: int) -> None:
         """Drop every KV cell of `seq_id` so the slot can serve another request."""
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def copy_seq(self, src: int, dst: int, n_tokens: int) -> bool:
+        """`dst` := the first `n_tokens` positions of `src`.
+
+        NOTE: with per-sequence KV (kv_unified off) llama.cpp copies whole streams only; a
+        partial range aborts the process (ENGINE_NOTES.md). So copy all of `src`, then
+        drop the tail from `dst`. In unified mode the copy shares cells (no data moves).
+        """
+        ll.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        if self.config.kv_unified:
+            ll.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
+            return True
+        ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        return self.trim_seq(dst, n_tokens)
+
+    def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
+        """Drop positions >= `n_tokens` of `seq_id`; on refusal clear the sequence."""
+        if ll.llama_memory_seq_rm(self._memory, seq_id, n_tokens, -1):
+            return True
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        return False
 
     def kv_cells_used(self, seq_ids: list[int]) -> int:
         """Cells held by `seq_ids` (positions 0..pos_max of each)."""
@@ -260,7 +319,9 @@ class Sampler:
     end-of-generation token to -inf, as llama-server does.
     """
 
-    def __init__(self, spec: SamplerSpec, n_vocab: int, eog_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, spec: SamplerSpec, vocab: Any, n_vocab: int, eog_token_ids: frozenset[int]
+    ) -> None:  # Any: vocab*
         self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         bias = dict(spec.logit_bias)
         if spec.ignore_eos:
@@ -280,6 +341,12 @@ class Sampler:
                     spec.presence_penalty,
                 )
             )
+        if spec.grammar is not None:
+            grammar = ll.llama_sampler_init_grammar(vocab, spec.grammar.encode(), b"root")
+            if not grammar:
+                self.close()
+                raise ValueError("the grammar is not valid GBNF")
+            self._add(grammar)
         if spec.temperature <= 0.0:
             self._add(ll.llama_sampler_init_greedy())
             return
@@ -334,7 +401,7 @@ class _NumpyBatch:
     def fill(self, chunks: list[DecodeChunk]) -> list[int]:
         rows: list[int] = []
         n = 0
-        for seq_id, token_ids, start_pos, want_logits in chunks:
+        for seq_id, token_ids, start_pos, n_logits in chunks:
             k = len(token_ids)
             if n + k > self.capacity:
                 raise EngineError(f"step of {n + k} tokens exceeds the batch of {self.capacity}")
@@ -343,9 +410,9 @@ class _NumpyBatch:
             self.pos[n:end] = np.arange(start_pos, start_pos + k, dtype=np.int32)
             self.seq_id[n:end] = seq_id
             self.logits[n:end] = 0
-            if want_logits:
-                self.logits[end - 1] = 1
-            rows.append(end - 1 if want_logits else -1)
+            if n_logits:
+                self.logits[end - min(int(n_logits), k) : end] = 1
+            rows.append(end - 1 if n_logits else -1)
             n = end
         self.struct.n_tokens = n
         return rows
