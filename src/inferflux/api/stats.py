@@ -27,7 +27,7 @@ def worker_stats(status: WorkerStatus) -> dict[str, object]:
         "ready": status.ready,
         "restarts": status.restarts,
         "num_in_flight": status.num_in_flight,
-        **msgspec.structs.asdict(status.stats),
+        **msgspec.to_builtins(status.stats),
     }
 
 
@@ -42,5 +42,10 @@ async def server_stats(serving: ServingDep) -> dict[str, object]:
         "model": model_card(serving.model_info),
         "num_workers": len(statuses),
         "num_in_flight": sum(status.num_in_flight for status in statuses),
+        "queue_depth": sum(s.stats.num_waiting for s in statuses),
+        "queue_depth_by_priority": {
+            p: sum(s.stats.waiting_by_priority.get(p, 0) for s in statuses)
+            for p in ("high", "normal", "low")
+        },
         "workers": [worker_stats(status) for status in statuses],
     }

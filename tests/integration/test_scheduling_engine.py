@@ -1,0 +1,280 @@
+"""Prefix cache, priorities, queue timeouts, logprobs and grammars on the real engine.
+
+EngineCore with the llama.cpp backend and SmolLM2, driven step by step (no transport).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
+from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
+from inferflux.engine.core import EngineCore
+from inferflux.engine.messages import (
+    AddRequest,
+    FinishReason,
+    Priority,
+    RequestDelta,
+    SamplingParams,
+)
+from inferflux.engine.worker import WorkerConfig, build_engine_core
+
+pytestmark = pytest.mark.model
+
+SYSTEM = (
+    "<|im_start|>system\nYou are a careful assistant. You answer questions about geography, "
+    "history and science with short, precise sentences, and you never invent facts. When a "
+    "question is ambiguous, you say which reading you answer.<|im_end|>\n"
+)
+
+
+def chat(user: str, history: str = "") -> str:
+    return f"{SYSTEM}{history}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def make_core(
+    path: str, *, max_num_seqs: int = 4, cache_slots: int = 4, **scheduling: object
+) -> EngineCore:
+    sched = SchedulerSettings(max_num_seqs=max_num_seqs, max_batch_tokens=256, **scheduling)  # type: ignore[arg-type]
+    sched.prefix_cache.slots = max(cache_slots, 1)
+    sched.prefix_cache.enabled = cache_slots > 0
+    config = WorkerConfig(
+        worker_id=0,
+        generation=1,
+        input_address="",
+        output_address="",
+        context=ContextConfig(path, 512, max_num_seqs + cache_slots, 256, 2, 2, False),
+        max_num_seqs=max_num_seqs,
+        max_batch_tokens=256,
+        observability=ObservabilitySettings(),
+        scheduling=sched,
+    )
+    return build_engine_core(config)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_model_path: str) -> Iterator[LlamaTokenizer]:
+    tok = LlamaTokenizer(smollm2_model_path)
+    yield tok
+    tok.close()
+
+
+@pytest.fixture(scope="module")
+def core(smollm2_model_path: str) -> Iterator[EngineCore]:
+    engine = make_core(smollm2_model_path)
+    yield engine
+    engine.close()
+
+
+def submit(
+    core: EngineCore,
+    tokenizer: LlamaTokenizer,
+    rid: str,
+    text: str,
+    *,
+    max_tokens: int = 8,
+    priority: Priority = Priority.NORMAL,
+    namespace: str = "",
+    **sampling: object,
+) -> list[int]:
+    ids = tokenizer.tokenize(text, add_special=True, parse_special=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling)  # type: ignore[arg-type]
+    errors = core.add_request(
+        AddRequest(
+            request_id=rid,
+            prompt_token_ids=ids,
+            sampling=params,
+            priority=priority,
+            cache_namespace=namespace,
+        )
+    )
+    assert errors == [], errors
+    return ids
+
+
+def drain(core: EngineCore) -> dict[str, list[RequestDelta]]:
+    by_id: dict[str, list[RequestDelta]] = {}
+    for _ in range(2000):
+        if not core.has_work():
+            return by_id
+        for delta in core.step():
+            by_id.setdefault(delta.request_id, []).append(delta)
+    raise AssertionError("the engine did not finish")
+
+
+def tokens(deltas: list[RequestDelta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def test_a_shared_system_prompt_is_reused_and_fewer_prompt_tokens_are_computed(
+    core: EngineCore, tokenizer: LlamaTokenizer
+) -> None:
+    prompt_a = submit(core, tokenizer, "pa", chat("What is the capital of France?"))
+    before = core.stats()
+    first = drain(core)["pa"]
+    computed_a = core.stats().num_prompt_tokens_total - before.num_prompt_tokens_total
+    prompt_b = submit(core, tokenizer, "pb", chat("Name a large river in Africa."))
+    before = core.stats()
+    second = drain(core)["pb"]
+    computed_b = core.stats().num_prompt_tokens_total - before.num_prompt_tokens_total
+    cached = second[-1].num_cached_tokens
+    shared = next(i for i, (x, y) in enumerate(zip(prompt_a, prompt_b, strict=False)) if x != y)
+    assert first[-1].num_cached_tokens == 0
+    assert computed_a == len(prompt_a)
+    assert cached == shared  # every shared token, nothing more
+    assert computed_b == len(prompt_b) - cached
+    stats = core.stats().prefix_cache
+    assert stats is not None and stats.hits >= 1 and stats.matched_tokens >= shared
+
+
+def test_the_next_turn_reuses_the_prompt_and_the_generated_answer(
+    core: EngineCore, tokenizer: LlamaTokenizer
+) -> None:
+    prompt = submit(core, tokenizer, "t1", chat("Who wrote Hamlet?"), max_tokens=12)
+    turn1 = drain(core)["t1"]
+    answer = "".join(d.text for d in turn1)
+    history = f"<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n{answer}"
+    submit(core, tokenizer, "t2", chat("When?", history + "<|im_end|>\n"))
+    turn2 = drain(core)["t2"]
+    # the prompt and most of the generated answer (re-tokenized text may split differently)
+    assert turn2[-1].num_cached_tokens >= len(prompt) + len(tokens(turn1)) // 2
+
+
+def test_a_cache_hit_predicts_what_a_full_prefill_predicts(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """Same first-token distribution with the cache on (suffix prefill) and off."""
+    results = []
+    for slots in (4, 0):
+        engine = make_core(smollm2_model_path, cache_slots=slots)
+        try:
+            submit(engine, tokenizer, "warm", chat("Tell me about the moon."), max_tokens=1)
+            drain(engine)
+            submit(engine, tokenizer, "q", chat("Tell me about Mars."), max_tokens=1, logprobs=5)
+            (delta,) = drain(engine)["q"]
+            results.append(delta)
+        finally:
+            engine.close()
+    cached, full = results
+    assert cached.num_cached_tokens > 0 and full.num_cached_tokens == 0
+    assert cached.logprobs is not None and full.logprobs is not None
+    assert cached.token_ids == full.token_ids
+    top_cached = dict(cached.logprobs[0].top)
+    top_full = dict(full.logprobs[0].top)
+    assert list(top_cached)[:3] == list(top_full)[:3]
+    for token, logprob in top_full.items():
+        if token in top_cached:
+            assert abs(top_cached[token] - logprob) < 0.05
+
+
+def test_namespaces_isolate_cached_prefixes(core: EngineCore, tokenizer: LlamaTokenizer) -> None:
+    text = chat("What is the tallest mountain on Earth?")
+    submit(core, tokenizer, "n1", text, namespace="tenant-a")
+    drain(core)
+    submit(core, tokenizer, "n2", text, namespace="tenant-b")
+    assert drain(core)["n2"][-1].num_cached_tokens == 0
+    submit(core, tokenizer, "n3", text, namespace="tenant-a")
+    assert drain(core)["n3"][-1].num_cached_tokens > 0
+
+
+def test_a_preempted_request_resumes_without_losing_or_repeating_tokens(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    engine = make_core(smollm2_model_path, max_num_seqs=1, cache_slots=2)
+    try:
+        text = chat("Count from one to fifty in words.")
+        submit(engine, tokenizer, "ref", text, max_tokens=40, ignore_eos=True)
+        reference = tokens(drain(engine)["ref"])
+        engine.scheduler.prefix_cache.clear()  # type: ignore[union-attr]
+        for slot in range(1, 3):
+            engine.backend.free_seq(slot)
+        submit(
+            engine, tokenizer, "low", text, max_tokens=40, ignore_eos=True, priority=Priority.LOW
+        )
+        deltas: dict[str, list[RequestDelta]] = {"low": []}
+        for _ in range(20):  # 16+ tokens: now it may be preempted
+            for delta in engine.step():
+                deltas.setdefault(delta.request_id, []).append(delta)
+        submit(engine, tokenizer, "high", chat("Say hi."), max_tokens=4, priority=Priority.HIGH)
+        for rid, more in drain(engine).items():
+            deltas.setdefault(rid, []).extend(more)
+        fairness = engine.stats().fairness
+        assert fairness.preemptions == 1 and fairness.resumes == 1
+        assert tokens(deltas["low"]) == reference  # nothing lost, nothing repeated
+        assert deltas["high"][-1].finish_reason is not None
+        assert fairness.tokens["low"] >= 40 and fairness.tokens["high"] >= 1
+    finally:
+        engine.close()
+
+
+def test_a_request_that_waits_past_the_queue_timeout_ends_with_timeout(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    engine = make_core(smollm2_model_path, max_num_seqs=1, cache_slots=0, queue_timeout_s=0.3)
+    try:
+        submit(
+            engine, tokenizer, "busy", chat("Write a long story."), max_tokens=200, ignore_eos=True
+        )
+        submit(engine, tokenizer, "late", chat("Hi"), max_tokens=4)
+        started = time.monotonic()
+        timed_out: list[RequestDelta] = []
+        while not timed_out and time.monotonic() - started < 30:
+            timed_out = [d for d in engine.step() if d.request_id == "late"]
+        (delta,) = timed_out
+        assert delta.finish_reason is FinishReason.TIMEOUT and delta.token_ids == []
+        assert engine.stats().fairness.timeouts == 1
+    finally:
+        engine.close()
+
+
+def test_logprobs_of_sampled_tokens_and_of_the_prompt(
+    core: EngineCore, tokenizer: LlamaTokenizer
+) -> None:
+    prompt = submit(
+        core, tokenizer, "lp", chat("Say yes."), max_tokens=4, logprobs=3, prompt_logprobs=2
+    )
+    deltas = drain(core)["lp"]
+    for delta in deltas:
+        assert delta.logprobs is not None and len(delta.logprobs) == len(delta.token_ids)
+        for entry in delta.logprobs:
+            assert len(entry.top) == 3
+            # greedy: the sampled token is the most likely one
+            assert entry.token_id == entry.top[0][0]
+            assert math.isclose(entry.logprob, entry.top[0][1], abs_tol=1e-5)
+            assert sum(math.exp(lp) for _, lp in entry.top) <= 1.0 + 1e-5
+    scored = deltas[0].prompt_logprobs
+    assert scored is not None and len(scored) == len(prompt) and scored[0] is None
+    assert all(
+        s is not None and s.token_id == t for s, t in zip(scored[1:], prompt[1:], strict=True)
+    )
+    assert all(s is not None and s.logprob <= 0 and len(s.top) == 2 for s in scored[1:])
+    assert deltas[-1].num_cached_tokens == 0  # prompt logprobs bypass the cache
+
+
+def test_a_gbnf_grammar_constrains_the_output(core: EngineCore, tokenizer: LlamaTokenizer) -> None:
+    grammar = 'root ::= ("yes" | "no") "."'
+    submit(core, tokenizer, "g", chat("Is the sky green?"), max_tokens=8, grammar=grammar)
+    deltas = drain(core)["g"]
+    assert "".join(d.text for d in deltas) in ("yes.", "no.")
+    assert deltas[-1].finish_reason is FinishReason.STOP
+
+
+def test_an_invalid_grammar_is_refused_without_queuing(
+    core: EngineCore, tokenizer: LlamaTokenizer
+) -> None:
+    assert tokenizer.grammar_error("root ::= (") is not None
+    assert tokenizer.grammar_error('root ::= "a"') is None
+    ids = tokenizer.tokenize("hi", add_special=True, parse_special=True)
+    (delta,) = core.add_request(
+        AddRequest(
+            request_id="bad-grammar",
+            prompt_token_ids=ids,
+            sampling=SamplingParams(max_tokens=4, grammar="root ::= ("),
+        )
+    )
+    assert delta.finish_reason is FinishReason.ERROR and "grammar" in (delta.error or "")
+    assert not core.has_work()
