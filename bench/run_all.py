@@ -1,0 +1,35 @@
+"""`make bench`: every server benchmark, one after another, results under bench/results/.
+
+Runs server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache
+on vs off) and priority_load.py (mixed priority and overload). Each starts its own
+server. Run on a quiet machine; append the figures to BENCHMARKS.md by hand with the
+machine description.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+RUNS = [
+    ["server_vs_engine.py", "--json", str(RESULTS / "server_vs_engine_smollm2.json")],
+    ["agent_trace.py", "--json", str(RESULTS / "agent_trace_smollm2.json")],
+    ["priority_load.py", "--json", str(RESULTS / "priority_load_smollm2.json")],
+]
+
+
+def main() -> int:
+    RESULTS.mkdir(exist_ok=True)
+    failed = 0
+    for args in RUNS:
+        print(f"== {' '.join(args)}", flush=True)
+        failed += subprocess.call([sys.executable, *args], cwd=HERE) != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
