@@ -10,12 +10,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from inferflux.engine.messages import AddRequest, EngineStats, FinishReason, RequestDelta
-from inferflux.engine.protocol import ModelInfo, WorkerStatus
+from inferflux.engine.messages import (
+    AddRequest,
+    EngineStats,
+    FinishReason,
+    RequestDelta,
+    TokenLogprob,
+)
+from inferflux.engine.protocol import EmbeddingResult, ModelInfo, WorkerStatus
 from inferflux.errors import ModelLoadError
 
 FAKE_VOCAB = 259  # 3 specials + 256 bytes
 FAKE_BOS = 1
+FAKE_N_EMBD = 4
 
 
 class FakeTokenizer:
@@ -51,6 +58,21 @@ class FakeTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id - 3]) if 3 <= token_id < 259 else b""
 
+    def grammar_error(self, grammar: str) -> str | None:
+        return None if "root" in grammar else "fake: no root rule"
+
+
+class FakePieceTokenizer(FakeTokenizer):
+    """FakeTokenizer whose `token_bytes` reads a table (multi-byte tokens, for logprob
+    alignment tests); ids missing from the table are special (b"")."""
+
+    def __init__(self, pieces: dict[int, bytes]) -> None:
+        super().__init__()
+        self.pieces = pieces
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.pieces.get(token_id, b"")
+
 
 def fake_model_info(*, n_ctx: int = 256, architecture: str = "llama") -> ModelInfo:
     return ModelInfo(
@@ -63,6 +85,7 @@ def fake_model_info(*, n_ctx: int = 256, architecture: str = "llama") -> ModelIn
         size_bytes=1234,
         created=1_700_000_000,
         has_chat_template=False,
+        n_embd=FAKE_N_EMBD,
     )
 
 
@@ -72,7 +95,12 @@ class FakeEngineClient:
 
     Knobs: `ready`, `raise_on_submit` (raised before the first delta), `raise_after`
     (an exception raised after that many deltas), `hang_after` (wait forever after that many
-    deltas, for disconnect tests), `error` (the final delta's error text).
+    deltas, for disconnect tests), `error` (the final delta's error text),
+    `num_cached_tokens` (reported on the final delta).
+
+    A request that asks for logprobs gets FakeTokenizer's ids (one per byte of the piece),
+    each with a made-up logprob and top list, and a STOP finish carries the end token (id 2)
+    as the real engine does; `prompt_logprobs` come on the first delta.
     """
 
     pieces: list[str] = field(default_factory=lambda: ["Hello", ",", " world", "!"])
@@ -85,8 +113,10 @@ class FakeEngineClient:
     requests: list[AddRequest] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    embedded: list[list[list[int]]] = field(default_factory=list)
     started: bool = False
     fail_start: str | None = None  # start() raises ModelLoadError with this message
+    num_cached_tokens: int = 0
     stopped: bool = False
 
     async def start(self) -> None:
@@ -119,19 +149,49 @@ class FakeEngineClient:
     def _delta(
         self, request: AddRequest, text: str, num_output: int, finish: FinishReason | None = None
     ) -> RequestDelta:
-        return RequestDelta(
+        delta = RequestDelta(
             request_id=request.request_id,
             text=text,
             token_ids=[7] if text else [],
             finish_reason=finish,
             num_prompt_tokens=len(request.prompt_token_ids),
             num_output_tokens=num_output,
+            num_cached_tokens=self.num_cached_tokens if finish is not None else 0,
             error=self.error if finish is FinishReason.ERROR else None,
         )
+        k = request.sampling.logprobs
+        if k is not None:
+            delta.token_ids = [b + 3 for b in text.encode()]
+            if finish is FinishReason.STOP:
+                delta.token_ids.append(2)
+            delta.logprobs = [_fake_logprob(t, k) for t in delta.token_ids]
+        k = request.sampling.prompt_logprobs
+        if k is not None and num_output <= 1 and finish is None:
+            prompt = request.prompt_token_ids
+            delta.prompt_logprobs = [None] + [_fake_logprob(t, k) for t in prompt[1:]]
+        return delta
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
+        """One fake vector per input: [length, first id, last id, 1], normalized if asked."""
+        if self.raise_on_submit is not None:
+            raise self.raise_on_submit
+        self.embedded.append(inputs)
+        vectors = []
+        for ids in inputs:
+            vector = [float(len(ids)), float(ids[0]), float(ids[-1]), 1.0]
+            norm = sum(x * x for x in vector) ** 0.5 if normalize else 1.0
+            vectors.append([x / norm for x in vector])
+        return EmbeddingResult(vectors, sum(len(ids) for ids in inputs))
+
     def workers(self) -> list[WorkerStatus]:
         stats = EngineStats(num_running=1, num_steps=5)
         return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats)]
+
+
+def _fake_logprob(token_id: int, k: int) -> TokenLogprob:
+    """The token at logprob -0.5; its top list: itself, then token_id + 1 at -1.5, ..."""
+    top = [(token_id, -0.5)] + [(token_id + i, -0.5 - i) for i in range(1, k)]
+    return TokenLogprob(token_id, -0.5, top[:k])

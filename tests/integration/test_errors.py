@@ -52,7 +52,7 @@ def test_non_object_body_is_400(client: httpx.Client, raw: bytes) -> None:
         ({"messages": USER, "temperature": 3}, "temperature"),
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
-        ({"messages": USER, "n": 3}, "n"),
+        ({"messages": USER, "n": 17}, "n"),
         ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
         ({"messages": USER, "unknown_knob": 1}, "unknown_knob"),
         ({}, "messages"),

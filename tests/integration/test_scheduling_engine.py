@@ -277,4 +277,15 @@ def test_an_invalid_grammar_is_refused_without_queuing(
         )
     )
     assert delta.finish_reason is FinishReason.ERROR and "grammar" in (delta.error or "")
+    # deep nesting would overflow llama.cpp's recursive parser: refused before it parses
+    deep = "root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000  # under the size cap
+    (delta,) = core.add_request(
+        AddRequest(
+            request_id="deep-grammar",
+            prompt_token_ids=ids,
+            sampling=SamplingParams(max_tokens=4, grammar=deep),
+        )
+    )
+    assert delta.finish_reason is FinishReason.ERROR and "groups" in (delta.error or "")
+    assert tokenizer.grammar_error(deep) is not None
     assert not core.has_work()

@@ -18,11 +18,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from inferflux import __version__
-from inferflux.api import health, stats
+from inferflux.api import health, metrics, stats
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
-from inferflux.api.openai import chat, completions, models
+from inferflux.api.native import chat as native_chat
+from inferflux.api.native import embeddings as native_embeddings
+from inferflux.api.native import generate as native_generate
+from inferflux.api.native.protocol import NativeStreamEvent
+from inferflux.api.ollama import router as ollama_router
+from inferflux.api.openai import chat, completions, embeddings, models, tokenize
+from inferflux.api.openapi import install_openapi
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
@@ -58,9 +64,18 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(stats.router)
+    app.include_router(metrics.router)
+    app.state.metrics_registry = metrics.make_registry(engine)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(models.router)
+    app.include_router(tokenize.router)
+    app.include_router(native_generate.router)
+    app.include_router(native_chat.router)
+    app.include_router(embeddings.router)
+    app.include_router(native_embeddings.router)
+    app.include_router(ollama_router)
+    install_openapi(app, event_models=[NativeStreamEvent])
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar, cast
+from typing import Annotated, Generic, TypeVar, cast
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
@@ -53,21 +53,29 @@ EngineDep = Annotated[EngineClient, Depends(get_engine)]
 ModelInfoDep = Annotated[ModelInfo, Depends(get_model_info)]
 
 
-def json_body(model: type[BodyT]) -> Callable[[Request], Awaitable[BodyT]]:
-    """A dependency that parses the raw body as `model` (strict JSON, one pass).
+class JsonBody(Generic[BodyT]):
+    """A dependency that parses the raw body as `body_model` (strict JSON, one pass).
 
     Malformed JSON, invalid UTF-8, a non-object body and bad fields all raise
-    InvalidRequest (400) naming the field, instead of FastAPI's 422.
+    InvalidRequest (400) naming the field, instead of FastAPI's 422. FastAPI cannot see
+    the body this way, so `api/openapi.py` finds `JsonBody` dependencies and documents
+    `body_model` as the route's request body.
     """
 
-    async def parse(request: Request) -> BodyT:
+    def __init__(self, body_model: type[BodyT]) -> None:
+        self.body_model = body_model
+
+    async def __call__(self, request: Request) -> BodyT:
         raw = await request.body()
         try:
-            return model.model_validate_json(raw)
+            return self.body_model.model_validate_json(raw)
         except ValidationError as exc:
             raise invalid_request_from(exc.errors()) from None
 
-    return parse
+
+def json_body(model: type[BodyT]) -> Callable[[Request], Awaitable[BodyT]]:
+    """The `JsonBody` dependency for `model`."""
+    return JsonBody(model)
 
 
 ChatBody = Annotated[ChatCompletionRequest, Depends(json_body(ChatCompletionRequest))]

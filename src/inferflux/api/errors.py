@@ -5,6 +5,9 @@ subclass (see `errors.py`). Owns: rendering `InferfluxError`, turning pydantic a
 validation errors into a 400 whose `param` names the field (never FastAPI's 422), the
 envelope for Starlette's 404/405, and `CatchAllMiddleware`, which turns any other exception
 into a logged 500 envelope (never a traceback, never prompt text).
+
+The one exception: under `/api/` (the Ollama-compatible routes) the body is Ollama's
+`{"error": "<message>"}`, with the same status (`error_body` picks the shape by path).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -43,15 +46,26 @@ _EXPECTED = {
 }
 
 
-def error_response(exc: InferfluxError) -> Response:
-    """The envelope response for `exc` (with Retry-After when the client should retry)."""
+OLLAMA_PATH_PREFIX = "/api/"
+
+
+def error_body(exc: InferfluxError, path: str = "") -> Mapping[str, object]:
+    """Ollama's `{"error": message}` for a path under `/api/`, else the OpenAI envelope."""
+    if path.startswith(OLLAMA_PATH_PREFIX):
+        return {"error": exc.message}
+    return exc.to_body()
+
+
+def error_response(exc: InferfluxError, path: str = "") -> Response:
+    """The error response for `exc` on `path` (the body shape: `error_body`), with
+    Retry-After when the client should retry."""
     headers: dict[str, str] | None = None
     if isinstance(exc, ServiceUnavailable):
         headers = {"retry-after": str(exc.retry_after_s)}
     elif isinstance(exc, QueueTimeout):
         headers = {"retry-after": str(exc.retry_after_s), "connection": "close"}
     return Response(
-        msgspec.json.encode(exc.to_body()),
+        msgspec.json.encode(error_body(exc, path)),
         status_code=exc.http_status,
         headers=headers,
         media_type="application/json",
@@ -106,12 +120,12 @@ def _describe(param: str | None, first: Any, siblings: list[Any]) -> str:  # Any
 
 async def _inferflux_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, InferfluxError)  # NOTE: registered for InferfluxError only
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def _validation_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError | ValidationError)
-    return error_response(invalid_request_from(exc.errors()))
+    return error_response(invalid_request_from(exc.errors()), request.url.path)
 
 
 async def _http_handler(request: Request, exc: Exception) -> Response:
@@ -120,7 +134,7 @@ async def _http_handler(request: Request, exc: Exception) -> Response:
     error.http_status = exc.status_code
     error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     error.code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-    response = error_response(error)
+    response = error_response(error, request.url.path)
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value
     return response
@@ -186,4 +200,4 @@ class CatchAllMiddleware:
                 raise
             error = InferfluxError("internal server error; the failure was logged")
             error.code = "internal_error"
-            await error_response(error)(scope, receive, send)
+            await error_response(error, scope.get("path", ""))(scope, receive, send)

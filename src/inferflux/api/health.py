@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from inferflux.api.deps import EngineDep
 from inferflux.api.errors import error_response
+from inferflux.api.openapi import error_doc
 from inferflux.errors import NoWorkerReady
 
 router = APIRouter(tags=["health"])
@@ -24,7 +25,7 @@ async def live() -> Response:
     return Response(_OK, media_type="application/json")
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: error_doc("No engine worker is ready yet")})
 async def ready(engine: EngineDep) -> Response:
     """200 while at least one engine worker takes requests; else 503 (OpenAI envelope)."""
     if not engine.ready:

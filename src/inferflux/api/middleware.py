@@ -82,7 +82,8 @@ class BodySizeLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await _drain(receive)
-            await error_response(self._too_large(str(declared)))(scope, receive, send)
+            error = self._too_large(str(declared))
+            await error_response(error, scope.get("path", ""))(scope, receive, send)
             return
         num_received = 0
 

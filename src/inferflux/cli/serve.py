@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -59,11 +60,18 @@ def serve(
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Run the engine on a thread (debugging).")
     ] = False,
+    ollama_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve on this port, e.g. 11434 for Ollama clients (server.ollama_port)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a GGUF model over the OpenAI API. Flags override env vars and the config file."""
     overrides = {
         "server.host": host,
         "server.port": port,
+        "server.ollama_port": ollama_port,
         "model.path": model,
         "model.id": model_id,
         "runtime.workers": workers,
@@ -87,22 +95,30 @@ def serve(
 
 
 def _run(asgi_app: FastAPI, settings: Settings) -> None:
-    server = uvicorn.Server(
-        uvicorn.Config(
-            asgi_app,
-            host=settings.server.host,
-            port=settings.server.port,
-            log_config=None,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+    config = uvicorn.Config(
+        asgi_app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    server = uvicorn.Server(config)
     # the app calls this when no engine worker can start: a clean stop, then exit 1
     asgi_app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
-    server.run()
+    server.run(sockets=_listen_sockets(config, settings.server.ollama_port))
     start_error = getattr(asgi_app.state, "engine_start_error", None)
     if start_error:
         typer.echo(f"inferflux: {start_error}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR)
+
+
+def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[socket.socket] | None:
+    """None: uvicorn binds server.port itself. With `ollama_port`, both ports are bound
+    here, on the same host, and one server (one app, one engine) accepts on both."""
+    if ollama_port is None:
+        return None
+    ollama = uvicorn.Config(config.app, host=config.host, port=ollama_port, log_config=None)
+    return [config.bind_socket(), ollama.bind_socket()]
 
 
 def _build_app(settings: Settings) -> tuple[FastAPI, ModelInfo]:
@@ -132,11 +148,15 @@ def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
         f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)}"
     )
-    return (
+    banner = (
         f"InferFlux serving {model_info.model_id} on {base} "
         f"(ready once {base}/readyz answers 200)\n"
         f"Try:\n  {curl}"
     )
+    if settings.server.ollama_port is not None:
+        ollama = f"http://{shown}:{settings.server.ollama_port}"
+        banner += f"\nOllama clients: OLLAMA_HOST={ollama} (the same API on a second port)"
+    return banner
 
 
 def main() -> None:

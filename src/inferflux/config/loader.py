@@ -31,6 +31,7 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_MODEL_ID": "model.id",
     "INFERFLUX_HOST": "server.host",
     "INFERFLUX_PORT": "server.port",
+    "INFERFLUX_OLLAMA_PORT": "server.ollama_port",
     "INFERFLUX_WORKERS": "runtime.workers",
     "INFERFLUX_LOG_LEVEL": "observability.log_level",
     "INFERFLUX_LOG_FORMAT": "observability.log_format",

@@ -26,6 +26,22 @@ class ServerSettings(_Section):
         le=1024 * 1024 * 1024,
         description="Largest request body accepted; larger bodies get 413 before parsing.",
     )
+    ollama_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="A second TCP port serving the same API on server.host, for Ollama "
+        "clients that assume Ollama's port (11434). Unset: only server.port.",
+    )
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Self:
+        if self.ollama_port == self.port:
+            raise ValueError(
+                f"ollama_port ({self.ollama_port}) equals port: pick another port for "
+                "ollama_port or leave it unset (every port serves the Ollama API)"
+            )
+        return self
 
 
 class ModelSettings(_Section):

@@ -21,9 +21,11 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -31,6 +33,8 @@ from inferflux.config.settings import Settings
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
+    EmbedRequest,
+    EmbedResult,
     EngineStats,
     FinishReason,
     RequestDelta,
@@ -41,10 +45,11 @@ from inferflux.engine.messages import (
     decode_output,
     encode,
 )
-from inferflux.engine.protocol import EngineClient, ModelInfo, WorkerStatus
+from inferflux.engine.protocol import EmbeddingResult, EngineClient, ModelInfo, WorkerStatus
 from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
 from inferflux.errors import (
     EngineDeadError,
+    EngineError,
     ModelLoadError,
     NoWorkerReady,
     QueueFull,
@@ -89,6 +94,7 @@ class WorkerPoolClient:
         self._in_process = settings.runtime.in_process
         self._workers = [_Worker(worker_id=i) for i in range(settings.runtime.workers)]
         self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], _Worker]] = {}
+        self._embeds: dict[str, tuple[asyncio.Future[EmbedResult], _Worker]] = {}
         self._zmq = zmq.asyncio.Context()
         self._ipc_dir = ""
         self._output: zmq.asyncio.Socket | None = None
@@ -284,6 +290,8 @@ class WorkerPoolClient:
                 logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
             elif isinstance(message, WorkerFailed):
                 worker.failed = message.message
+            elif isinstance(message, EmbedResult):
+                self._resolve_embed(message)
 
     def _dispatch(self, deltas: list[RequestDelta]) -> None:
         for delta in deltas:
@@ -296,7 +304,58 @@ class WorkerPoolClient:
             entry = self._queues.get(request_id)
             if entry is not None:
                 entry[0].put_nowait(error)
+        self._fail_embeds(worker, error)
         worker.in_flight.clear()
+
+    # -- embeddings -----------------------------------------------------------------------
+    async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
+        request = EmbedRequest(
+            request_id=f"embd-{uuid.uuid4().hex}", inputs=inputs, normalize=normalize
+        )
+        data = encode(request)
+        # NOTE: embedding is idempotent: a request whose worker died is resubmitted to
+        # another ready worker (spec REQ 9.4), as `generate` does before any output.
+        attempt = 0
+        while True:
+            try:
+                result = await self._embed_on(self._pick_worker(), request.request_id, data)
+            except EngineDeadError:
+                attempt += 1
+                if attempt > _MAX_RESUBMITS or self._closing:
+                    raise
+                logger.warning("resubmitting %s after its worker died", request.request_id)
+                await self._wait_ready(_RESUBMIT_WAIT_S)
+                continue
+            vectors = np.frombuffer(result.embeddings, dtype="<f4").reshape(-1, result.n_embd)
+            return EmbeddingResult(vectors=vectors.tolist(), num_prompt_tokens=result.num_tokens)
+
+    async def _embed_on(self, worker: _Worker, request_id: str, data: bytes) -> EmbedResult:
+        future: asyncio.Future[EmbedResult] = asyncio.get_running_loop().create_future()
+        self._embeds[request_id] = (future, worker)
+        worker.in_flight.add(request_id)
+        try:
+            await self._send(worker, data)
+            return await future
+        finally:
+            self._embeds.pop(request_id, None)
+            worker.in_flight.discard(request_id)
+            if not future.done() or future.cancelled():  # the caller gave up: drop it there
+                await self._send_abort(worker, request_id)
+
+    def _resolve_embed(self, message: EmbedResult) -> None:
+        entry = self._embeds.get(message.request_id)
+        if entry is None or entry[0].done():
+            return
+        if message.error is not None:
+            error = EngineError(f"embedding failed in the engine: {message.error}")
+            entry[0].set_exception(error)
+        else:
+            entry[0].set_result(message)
+
+    def _fail_embeds(self, worker: _Worker, error: Exception) -> None:
+        for future, owner in list(self._embeds.values()):
+            if owner is worker and not future.done():
+                future.set_exception(error)
 
     # -- worker lifecycle -----------------------------------------------------------------
     async def _watchdog(self) -> None:

@@ -4,8 +4,8 @@ This module owns the wire contract only: no logic, no I/O. Messages are encoded 
 msgpack (`encode`/`decode_input`/`decode_output`). A worker sends one `StepOutputs` per
 engine step carrying the deltas of all its requests, never one message per token.
 
-API → worker: `AddRequest`, `AbortRequests`, `Shutdown`.
-Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`.
+API → worker: `AddRequest`, `AbortRequests`, `Shutdown`, `EmbedRequest`.
+Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`, `EmbedResult`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,16 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     """Abort everything and exit the worker loop."""
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown
+class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
+    """Embed each token list (one pooled vector per input). `AbortRequests` with this
+    `request_id` drops it; the answer is one `EmbedResult`."""
+
+    request_id: str
+    inputs: list[list[int]]
+    normalize: bool = True  # L2-normalize each vector
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown | EmbedRequest
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -190,7 +199,24 @@ class StepOutputs(msgspec.Struct, tag="step", kw_only=True):
     stats: EngineStats
 
 
-EngineOutput = WorkerReady | WorkerFailed | StepOutputs
+class EmbedResult(msgspec.Struct, tag="embedded", kw_only=True):
+    """The vectors of one `EmbedRequest`, or why it failed (`error` set, `embeddings` empty).
+
+    `embeddings` is little-endian float32, row-major: len(inputs) rows of `n_embd` floats
+    (measured for 64 × 576: 147 KB and 0.36 ms encode → decode → lists, against 332 KB and
+    1.7 ms as msgpack float lists).
+    """
+
+    worker_id: int
+    generation: int
+    request_id: str
+    embeddings: bytes = b""
+    n_embd: int = 0
+    num_tokens: int = 0  # prompt tokens embedded, over all inputs
+    error: str | None = None
+
+
+EngineOutput = WorkerReady | WorkerFailed | StepOutputs | EmbedResult
 
 _encoder = msgspec.msgpack.Encoder()
 _input_decoder = msgspec.msgpack.Decoder(EngineInput)

@@ -78,5 +78,6 @@ def load_served_model(settings: Settings) -> tuple[ModelInfo, LlamaTokenizer]:
         size_bytes=stat.st_size,
         created=int(stat.st_mtime),
         has_chat_template=tokenizer.chat_template is not None,
+        n_embd=tokenizer.n_embd,
     )
     return info, tokenizer

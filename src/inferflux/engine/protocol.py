@@ -27,6 +27,15 @@ class ModelInfo:
     size_bytes: int
     created: int  # file mtime, unix seconds (OpenAI `created`)
     has_chat_template: bool  # True when the GGUF carries `tokenizer.chat_template`
+    n_embd: int = 0  # embedding width (GGUF `<arch>.embedding_length`); 0 = unknown
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """The vectors of one `EngineClient.embed` call, one per input, in input order."""
+
+    vectors: list[list[float]]
+    num_prompt_tokens: int  # tokens embedded, over all inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,10 @@ class Tokenizer(Protocol):
         """The raw bytes of one token (may be part of a UTF-8 character; b"" if special)."""
         ...
 
+    def grammar_error(self, grammar: str) -> str | None:
+        """None when `grammar` (GBNF, root rule `root`) compiles, else why it does not."""
+        ...
+
 
 class EngineClient(Protocol):
     """How the API process talks to the engine. Async only; safe on one event loop."""
@@ -93,6 +106,14 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request at the engine's next step. Unknown ids are ignored."""
+        ...
+
+    async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
+        """One pooled (mean) vector per token list, L2-normalized unless `normalize` is
+        False. Inputs must be non-empty, in the vocabulary and no longer than the context
+        (the API checks). Raises NoWorkerReady when no worker is ready, EngineDeadError if
+        the worker dies first, EngineError if the engine rejects the inputs. Cancelling
+        the call drops the request in the engine."""
         ...
 
     def workers(self) -> list[WorkerStatus]:

@@ -6,7 +6,9 @@ The same `run_worker` runs in a spawned process (default) or on a thread (in-pro
 mode); only `WorkerConfig.exit_with_parent` and signal handling differ.
 
 Per step the worker sends at most one `StepOutputs`, carrying the deltas of every
-request that changed. While idle it blocks on the input socket.
+request that changed. While idle it blocks on the input socket. Embedding requests queue
+in an `EmbedQueue`; it runs one bounded forward pass after each step and each finished
+request leaves as one `EmbedResult`.
 """
 
 from __future__ import annotations
@@ -16,16 +18,21 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
 from inferflux.engine.core import EngineCore
+from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
+    EmbedRequest,
+    EmbedResult,
     EngineOutput,
     RequestDelta,
     Shutdown,
@@ -36,7 +43,7 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.protocol import ModelInfo
-from inferflux.errors import InferfluxError
+from inferflux.errors import EngineError, InferfluxError
 from inferflux.observability.logging import configure_logging
 from inferflux.scheduler import Scheduler
 from inferflux.scheduler.prefix_cache import PrefixCache
@@ -150,6 +157,19 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     return EngineCore(backend, scheduler)
 
 
+def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:
+    """Builds, when called, the embedding context over the model `core` already holds."""
+
+    def make() -> EmbeddingBackend:
+        backend = core.backend
+        if not isinstance(backend, LlamaCppBackend):
+            raise EngineError("embeddings need the llama.cpp backend")
+        sizes = EmbedContextConfig.for_worker(config.context, config.max_batch_tokens)
+        return LlamaCppEmbedder(backend.model_handle, sizes)
+
+    return make
+
+
 def worker_process_main(config: WorkerConfig) -> None:
     """Entry point of a spawned worker process."""
     # NOTE: Ctrl-C reaches the whole process group; the API process coordinates
@@ -241,11 +261,13 @@ def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Ou
         pid=os.getpid(),
         load_s=time.monotonic() - started_at,
     )
+    embeds = EmbedQueue(embedder_factory(core, config))
     try:
         outbox.send(ready)
         logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
-        _WorkerLoop(core, inputs, outbox, config).run()
+        _WorkerLoop(core, inputs, outbox, config, embeds).run()
     finally:
+        embeds.close()  # NOTE: before core.close(), which frees the model it uses
         core.close()
 
 
@@ -256,18 +278,22 @@ class _WorkerLoop:
         inputs: zmq.Socket[bytes],
         outbox: _Outbox,
         config: WorkerConfig,
+        embeds: EmbedQueue,
     ) -> None:
         self.core = core
         self.inputs = inputs
         self.outbox = outbox
         self.config = config
+        self.embeds = embeds
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
 
     def run(self) -> None:
         while True:
             timeout = _IDLE_POLL_MS
-            if self.core.has_work():
+            if self.embeds.has_work():
+                timeout = 0
+            elif self.core.has_work():
                 timeout = math.ceil(self.core.wait_s() * 1000)
             deltas: list[RequestDelta] = []
             if self.poller.poll(timeout) and self._drain_inputs(deltas):
@@ -277,7 +303,10 @@ class _WorkerLoop:
                 deltas.extend(self.core.step())
             if deltas:
                 self._send(deltas)
-            elif not self.core.has_work() and self.outbox.orphaned():
+            if self.embeds.has_work():
+                # NOTE: one bounded forward pass between engine steps (embed_queue.py)
+                self._send_embeddings(self.embeds.step())
+            elif not deltas and not self.core.has_work() and self.outbox.orphaned():
                 logger.warning("worker %d: API process is gone; exiting", self.config.worker_id)
                 return
 
@@ -293,6 +322,9 @@ class _WorkerLoop:
                 deltas.extend(self.core.add_request(message))
             elif isinstance(message, AbortRequests):
                 deltas.extend(self.core.abort_requests(message.request_ids))
+                self.embeds.abort(message.request_ids)
+            elif isinstance(message, EmbedRequest):
+                self._send_embeddings(self.embeds.add(message))
             elif isinstance(message, Shutdown):
                 deltas.extend(self.core.abort_requests(self.core.request_ids()))
                 return True
@@ -305,3 +337,18 @@ class _WorkerLoop:
             stats=self.core.stats(),
         )
         self.outbox.send(message)
+
+    def _send_embeddings(self, outcomes: list[EmbedOutcome]) -> None:
+        for outcome in outcomes:
+            vectors = outcome.vectors
+            self.outbox.send(
+                EmbedResult(
+                    worker_id=self.config.worker_id,
+                    generation=self.config.generation,
+                    request_id=outcome.request_id,
+                    embeddings=b"" if vectors is None else vectors.astype("<f4").tobytes(),
+                    n_embd=0 if vectors is None else int(vectors.shape[1]),
+                    num_tokens=outcome.num_tokens,
+                    error=outcome.error,
+                )
+            )

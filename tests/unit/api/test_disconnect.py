@@ -93,3 +93,32 @@ async def test_disconnect_during_non_streaming_request_closes_engine_iterator(
         assert not engine.closed
         client.gone.set()
     assert engine.closed == [engine.requests[0].request_id]
+
+
+async def test_disconnect_mid_stream_closes_every_choice(
+    app: FastAPI, engine: FakeEngineClient
+) -> None:
+    engine.hang_after = 2
+    client = Client({"prompt": "x", "stream": True, "n": 3})
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(app, client.scope("/v1/completions"), client.receive, client.send)
+        await wait_for(lambda: len(client.messages) >= 7)  # start + 2 text chunks × 3
+        assert not engine.closed
+        client.gone.set()
+    assert sorted(engine.closed) == sorted(r.request_id for r in engine.requests)
+    assert len(engine.closed) == 3
+
+
+async def test_disconnect_during_non_streamed_choices_closes_them_all(
+    app: FastAPI, engine: FakeEngineClient
+) -> None:
+    engine.hang_after = 1
+    client = Client({"messages": [{"role": "user", "content": "x"}], "n": 2})
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(
+            app, client.scope("/v1/chat/completions"), client.receive, client.send
+        )
+        await wait_for(lambda: len(engine.requests) == 2)
+        await anyio.sleep(0.05)
+        client.gone.set()
+    assert sorted(engine.closed) == sorted(r.request_id for r in engine.requests)

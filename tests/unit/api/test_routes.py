@@ -16,6 +16,22 @@ USER = [{"role": "user", "content": "hi"}]
 COMMON_KEYS = {"id", "object", "created", "model", "system_fingerprint", "choices"}
 
 
+def usage_dict(prompt: int, completion: int, cached: int = 0) -> dict[str, object]:
+    """OpenAI's usage object, details included."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
 def sse_payloads(response: httpx.Response) -> list[object]:
     """The `data:` payloads of an SSE body, JSON-decoded except the final `[DONE]`."""
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -48,11 +64,7 @@ async def test_chat_non_streaming_shape(
         }
     ]
     num_prompt = len(engine.requests[0].prompt_token_ids)
-    assert body["usage"] == {
-        "prompt_tokens": num_prompt,
-        "completion_tokens": 4,
-        "total_tokens": num_prompt + 4,
-    }
+    assert body["usage"] == usage_dict(num_prompt, 4)
     assert engine.requests[0].request_id == body["id"]
 
 
@@ -123,11 +135,7 @@ async def test_chat_streaming_include_usage(
     assert all(c["usage"] is None for c in chunks)  # type: ignore[index]
     assert usage_chunk["choices"] == []  # type: ignore[index]
     num_prompt = len(engine.requests[0].prompt_token_ids)
-    assert usage_chunk["usage"] == {  # type: ignore[index]
-        "prompt_tokens": num_prompt,
-        "completion_tokens": 4,
-        "total_tokens": num_prompt + 4,
-    }
+    assert usage_chunk["usage"] == usage_dict(num_prompt, 4)  # type: ignore[index]
 
 
 async def test_completions_non_streaming(
@@ -140,7 +148,7 @@ async def test_completions_non_streaming(
     assert body["choices"] == [
         {"text": "Hello,", "index": 0, "logprobs": None, "finish_reason": "length"}
     ]
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    assert body["usage"] == usage_dict(4, 2)
     assert tokenizer.calls[-1] == ("abc", True, True)
     assert engine.requests[0].prompt_token_ids == [FAKE_BOS, 100, 101, 102]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from inferflux.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tests.fakes.engine import FakeEngineClient
@@ -45,12 +46,15 @@ CHAT_400 = [
     (chat(top_k=-1), "top_k"),
     (chat(min_p=1.5), "min_p"),
     (chat(n=0), "n"),
-    (chat(n=2), "n"),
+    (chat(n=17), "n"),
+    (chat(n=2.0), "n"),
     (chat(stop=5), "stop"),
     (chat(stop=[1]), "stop[0]"),
     (chat(stop=""), "stop"),
     (chat(stop=["a", ""]), "stop"),
     (chat(stop=[str(i) for i in range(17)]), "stop"),
+    (chat(stop=["x" * 513]), "stop"),
+    (chat(stop=["a"] * 500), "stop"),
     (chat(seed="1"), "seed"),
     (chat(seed=2**70), "seed"),
     (chat(presence_penalty=2.5), "presence_penalty"),
@@ -73,9 +77,33 @@ CHAT_400 = [
     (chat(response_format={"type": "json_object"}), "response_format"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (chat(tool_choice="required"), "tool_choice"),
-    (chat(logprobs=True), "logprobs"),
+    (chat(logprobs=1), "logprobs"),
     (chat(top_logprobs=2), "top_logprobs"),
-    (chat(grammar="root ::= x"), "grammar"),
+    (chat(logprobs=False, top_logprobs=2), "top_logprobs"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
+    (chat(grammar="x ::= y"), "grammar"),  # the fake tokenizer wants a root rule
+    (chat(grammar=""), "grammar"),
+    (chat(grammar=5), "grammar"),
+    (chat(priority="urgent"), "priority"),
+    (chat(priority=1), "priority"),
+    (chat(response_format={"type": "json_schema", "json_schema": {}}), "response_format"),
+    (chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
+    (chat(audio={"voice": "alloy", "format": "mp3"}), "audio"),
+    (chat(prediction={"type": "content", "content": "x"}), "prediction"),
+    (chat(web_search_options={}), "web_search_options"),
+    (chat(verbosity="low"), "verbosity"),
+    (chat(echo=True), "echo"),
+    (chat(best_of=2), "best_of"),
+    (chat(suffix="x"), "suffix"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+        "messages[0].content[0]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
+        "messages[0].content[0]",
+    ),
     (chat(functions=[{"name": "f"}]), "functions"),
     (chat(modalities=["audio"]), "modalities"),
     (chat(reasoning_effort="high"), "reasoning_effort"),
@@ -103,15 +131,27 @@ COMPLETION_400 = [
     ({"prompt": [""]}, "prompt"),
     ({"prompt": [[]]}, "prompt"),
     ({"prompt": 5}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [[1], [2]]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt[1]"),
+    ({"prompt": [[1], []]}, "prompt[1]"),
+    ({"prompt": ["a"] * 65}, "prompt"),
+    ({"prompt": ["a"] * 5, "n": 16}, "prompt"),
+    ({"prompt": [[1], ["a"]]}, "prompt[1][0]"),
     ({"prompt": ["a", 1]}, "prompt[1]"),
     ({"prompt": [1, 999]}, "prompt"),
     ({"prompt": [-1]}, "prompt"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "echo": 1}, "echo"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
+    ({"prompt": "x", "best_of": 2, "n": 3}, "best_of"),
+    ({"prompt": "x", "n": 17}, "n"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": "x", "logprobs": 1}, "logprobs"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "grammar": "nope"}, "grammar"),
+    ({"prompt": "x", "priority": "HIGH"}, "priority"),
+    ({"prompt": "x", "tools": []}, "tools"),
     ({"prompt": "x", "messages": USER}, "messages"),
     ({"prompt": "x", "max_completion_tokens": 5}, "max_completion_tokens"),
 ]
@@ -194,6 +234,13 @@ async def test_optional_hints_and_defaults_are_accepted(
     assert response.status_code == 200, response.text
 
 
+def test_huge_logit_bias_is_refused() -> None:
+    body = chat(logit_bias={str(i): 1 for i in range(1025)})
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(body)
+    assert refused.value.errors()[0]["loc"] == ("logit_bias",)
+
+
 def test_sampling_params_mapping() -> None:
     body = ChatCompletionRequest.model_validate(
         chat(
@@ -235,10 +282,17 @@ def test_sampling_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "expected"),
-    [("abc", "abc"), (["abc"], "abc"), ([1, 2], [1, 2]), ([[3, 4]], [3, 4])],
+    [
+        ("abc", ["abc"]),
+        (["abc"], ["abc"]),
+        (["a", "b"], ["a", "b"]),
+        ([1, 2], [[1, 2]]),
+        ([[3, 4]], [[3, 4]]),
+        ([[3], [4, 5]], [[3], [4, 5]]),
+    ],
 )
 def test_prompt_forms(prompt: object, expected: object) -> None:
-    assert CompletionRequest.model_validate({"prompt": prompt}).prompt_input() == expected
+    assert CompletionRequest.model_validate({"prompt": prompt}).prompt_inputs() == expected
 
 
 def test_developer_role_renders_as_system_and_parts_join() -> None:

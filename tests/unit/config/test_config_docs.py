@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from inferflux.config.loader import ENV_ALIASES, load_settings
 from inferflux.config.settings import Settings
@@ -40,13 +41,24 @@ def test_check_mode_passes_on_fresh_docs(gen):
     assert gen.main(["--check"]) == 0
 
 
+def _leaves(model, prefix):
+    """(dotted section, key) of every leaf key, nested sections included."""
+    for key, field in model.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            yield from _leaves(sub, (*prefix, key))
+        else:
+            yield prefix, key
+
+
 def test_every_key_and_env_name_is_documented(gen):
     text = gen.render()
-    for section, field in Settings.model_fields.items():
+    for section in Settings.model_fields:
         assert f"## `{section}`" in text
-        for key in field.annotation.model_fields:
-            assert f"| `{key}` |" in text
-            assert f"`INFERFLUX_{section.upper()}__{key.upper()}`" in text
+    for path, key in _leaves(Settings, ()):
+        assert f"| `{key}` |" in text
+        env = "__".join(p.upper() for p in (*path, key))
+        assert f"`INFERFLUX_{env}`" in text
     for alias in ENV_ALIASES:
         assert f"`{alias}`" in text
 

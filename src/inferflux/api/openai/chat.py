@@ -1,7 +1,9 @@
-"""POST /v1/chat/completions: messages → chat template → tokens → engine → OpenAI JSON or SSE.
+"""POST /v1/chat/completions: messages → chat template → tokens → n engine requests →
+OpenAI JSON or SSE.
 
-Owns the chat response and chunk shapes. Validation lives in `protocol.py`, the engine
-round trip in `generation.py`, and template rendering in `engine/chat_template.py`.
+Owns the chat choice shapes (`ChatChoice`). Validation lives in `protocol.py` and
+`compat.py`, the n-choice round trip in `responder.py`, and template rendering in
+`engine/chat_template.py`.
 """
 
 from __future__ import annotations
@@ -10,68 +12,74 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferflux.api.deps import ChatBody, ServingDep
-from inferflux.api.openai.generation import (
-    ChunkEnvelope,
-    Completed,
-    build_request,
-    check_model,
-    respond,
-    tokenize,
-)
-from inferflux.api.openai.protocol import reject_unsupported
+from inferflux.api.openai.compat import reject_unsupported
+from inferflux.api.openai.envelope import ChunkEnvelope
+from inferflux.api.openai.generation import check_grammar, check_model, tokenize_chat
+from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
+from inferflux.api.openai.responder import Choice, Responder, build_choices
+from inferflux.engine.messages import RequestDelta
 
 router = APIRouter(tags=["openai"])
 
 
-class ChatChunks(ChunkEnvelope):
-    """Builds the `chat.completion` body and `chat.completion.chunk` events of one request."""
+class ChatChoice:
+    """One `chat.completion` choice and its `chat.completion.chunk` deltas."""
 
-    chunk_object = "chat.completion.chunk"
-    response_object = "chat.completion"
+    def __init__(self, index: int, *, logprobs: bool) -> None:
+        self.index = index
+        self.logprobs = logprobs
 
-    def _delta(self, delta: dict[str, object], finish_reason: str | None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return self.chunk([choice])
-
-    def opening(self) -> bytes | None:
-        return self._delta({"role": "assistant", "content": ""}, None)
-
-    def text(self, text: str) -> bytes:
-        return self._delta({"content": text}, None)
-
-    def finish(self, finish_reason: str) -> bytes:
-        return self._delta({}, finish_reason)
-
-    def response(self, completed: Completed) -> dict[str, object]:
-        message = {"role": "assistant", "content": completed.text, "refusal": None}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": completed.finish_reason,
+    def _chunk(
+        self, delta: dict[str, object], finish_reason: str | None, logprobs: object = None
+    ) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
         }
-        return self.full_response(choice, completed.usage)
+
+    def opening(self) -> dict[str, object] | None:
+        return self._chunk({"role": "assistant", "content": ""}, None)
+
+    def piece(self, text: str, entries: list[TokenEntry]) -> dict[str, object]:
+        logprobs = chat_logprobs(entries) if self.logprobs else None
+        return self._chunk({"content": text}, None, logprobs)
+
+    def finish(self, finish_reason: str) -> dict[str, object]:
+        return self._chunk({}, finish_reason)
+
+    def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": chat_logprobs(entries) if self.logprobs else None,
+            "finish_reason": finish_reason,
+        }
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request, body: ChatBody, serving: ServingDep) -> Response:
-    """OpenAI chat completions, streaming (SSE) or not."""
+    """OpenAI chat completions (n choices), streaming (SSE) or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
-    text = serving.chat_template.render(body.template_messages())
-    bos = serving.tokenizer.bos_text
-    add_special = not (bos and text.startswith(bos))
-    token_ids = await tokenize(serving.tokenizer, text, add_special=add_special)
-    add = build_request("chatcmpl", body, token_ids, serving.model_info, "messages")
-    chunks = ChatChunks(
-        add.request_id, model, serving.system_fingerprint, include_usage=body.include_usage()
+    check_grammar(body.grammar, serving.tokenizer)
+    token_ids = await tokenize_chat(
+        serving.tokenizer, serving.chat_template, body.template_messages()
     )
-    return await respond(
-        request,
-        serving.engine,
-        add,
-        chunks,
-        stream=bool(body.stream),
+    response_id, choices = build_choices(
+        "chatcmpl", body, [token_ids], serving.model_info, "messages"
+    )
+    envelope = ChunkEnvelope(
+        response_id,
+        model,
+        serving.system_fingerprint,
+        object_names=("chat.completion", "chat.completion.chunk"),
         include_usage=body.include_usage(),
-        build=chunks.response,
     )
+
+    def make_renderer(choice: Choice, first: RequestDelta) -> ChatChoice:
+        return ChatChoice(choice.index, logprobs=bool(body.logprobs))
+
+    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer)
+    return await responder.respond(request, serving.engine, stream=bool(body.stream))

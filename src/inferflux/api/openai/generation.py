@@ -1,35 +1,29 @@
-"""Driving one generation through the engine, shared by chat and text completions.
+"""Driving generations through the engine, shared by the OpenAI and native routes.
 
-Owns: the checks that need the model (model id, vocabulary, context length), building the
-`AddRequest`, submitting it, and turning its `RequestDelta`s into either one JSON response
-or an SSE stream. Does not own: the OpenAI chunk shapes (each route passes a
-`ChunkFormatter`) or request parsing (`protocol.py`).
+Owns: the checks that need the model (model id, vocabulary, context length, grammar),
+tokenizing prompts, submitting requests, and reading their `RequestDelta`s: `DeltaStream`
+(one request), `submit_all` (n requests at once, so the engine batches them) and
+`merge_deltas` (their deltas interleaved as they arrive). Does not own: OpenAI response
+shapes (`responder.py`, `chat.py`, `completions.py`) or request parsing (`protocol.py`).
 
-Cancellation: every path that stops early closes the engine's iterator, which aborts the
-request in the engine. A client that disconnects while we wait (before the first token, or
-during a non-streaming request) cancels the wait (`until_disconnect`); during a stream,
-`EventStreamResponse` does the same.
+Cancellation: every path that stops early closes the engine's iterators, which aborts
+the requests in the engine. A client that disconnects while we wait (before the first
+token, or during a non-streaming request) cancels the wait (`until_disconnect`); during a
+stream, `EventStreamResponse` does the same.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import anyio
-import msgspec
 from starlette.requests import Request
-from starlette.responses import Response
 
-from inferflux.api.errors import log_unexpected
-from inferflux.api.openai.protocol import GenerationRequest
-from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_data, sse_error
-from inferflux.engine.messages import OPENAI_FINISH_REASON, AddRequest, FinishReason, RequestDelta
+from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import (
     ContextLengthExceeded,
@@ -37,90 +31,12 @@ from inferflux.errors import (
     InferfluxError,
     InvalidRequest,
     ModelNotFound,
+    QueueTimeout,
 )
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _THREAD_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Completed:
-    """A finished non-streaming generation."""
-
-    text: str
-    finish_reason: str  # OpenAI's name
-    usage: Usage
-
-
-class ChunkEnvelope:
-    """The fields every body and SSE chunk of one request share, and the usage chunk.
-
-    Subclasses set `chunk_object` and `response_object` and build their own choices.
-    """
-
-    chunk_object = ""
-    response_object = ""
-
-    def __init__(
-        self, request_id: str, model: str, system_fingerprint: str, *, include_usage: bool
-    ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.system_fingerprint = system_fingerprint
-        self.include_usage = include_usage
-        self.created = int(time.time())
-
-    def body(self, choices: list[dict[str, object]], object_name: str) -> dict[str, object]:
-        return {
-            "id": self.request_id,
-            "object": object_name,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": choices,
-        }
-
-    def chunk(self, choices: list[dict[str, object]]) -> bytes:
-        """One SSE event; `usage: null` when the client asked for a usage chunk at the end."""
-        event = self.body(choices, self.chunk_object)
-        if self.include_usage:
-            event["usage"] = None
-        return sse_data(event)
-
-    def usage(self, usage: Usage) -> bytes:
-        """The final usage event: empty choices (OpenAI's `stream_options.include_usage`)."""
-        return sse_data({**self.body([], self.chunk_object), "usage": usage.as_dict()})
-
-    def full_response(self, choice: dict[str, object], usage: Usage) -> dict[str, object]:
-        return {**self.body([choice], self.response_object), "usage": usage.as_dict()}
-
-
-class ChunkFormatter(Protocol):
-    """Encodes one route's SSE events (chat and text completions differ)."""
-
-    def opening(self) -> bytes | None: ...
-
-    def text(self, text: str) -> bytes: ...
-
-    def finish(self, finish_reason: str) -> bytes: ...
-
-    def usage(self, usage: Usage) -> bytes: ...
 
 
 def check_model(requested: str | None, model_info: ModelInfo) -> str:
@@ -166,25 +82,34 @@ async def tokenize(tokenizer: Tokenizer, text: str, *, add_special: bool) -> lis
     return run()
 
 
-def build_request(
-    prefix: str,
-    body: GenerationRequest,
-    prompt_token_ids: list[int],
-    model_info: ModelInfo,
-    prompt_param: str,
-) -> AddRequest:
-    """The engine request for a validated body and its tokenized prompt."""
-    if not prompt_token_ids:
-        raise InvalidRequest("the prompt is empty", param=prompt_param)
-    check_token_ids(list(body.logit_bias_ids()), model_info.n_vocab, "logit_bias")
-    max_tokens = resolve_max_tokens(
-        len(prompt_token_ids), body.requested_max_tokens(), model_info.n_ctx, prompt_param
-    )
-    return AddRequest(
-        request_id=f"{prefix}-{uuid.uuid4().hex}",
-        prompt_token_ids=prompt_token_ids,
-        sampling=body.sampling_params(max_tokens),
-    )
+def check_grammar(grammar: str | None, tokenizer: Tokenizer) -> None:
+    """Raise InvalidRequest (param `grammar`) when llama.cpp would not compile `grammar`.
+
+    The tokenizer also bounds its size and nesting first: llama.cpp's recursive GBNF
+    parser kills the process on about 40,000 nested groups (backends/llama_cpp.py).
+    """
+    if grammar is None:
+        return
+    problem = tokenizer.grammar_error(grammar)
+    if problem is not None:
+        raise InvalidRequest(f"invalid grammar: {problem}", param="grammar")
+
+
+async def tokenize_chat(
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    messages: list[dict[str, object]],
+    *,
+    add_generation_prompt: bool = True,
+    add_special: bool | None = None,
+) -> list[int]:
+    """Token ids of `messages` rendered by the chat template. By default BOS is added
+    unless the rendered text already starts with it (`add_special` overrides)."""
+    text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    if add_special is None:
+        bos = tokenizer.bos_text
+        add_special = not (bos and text.startswith(bos))
+    return await tokenize(tokenizer, text, add_special=add_special)
 
 
 class DeltaStream:
@@ -206,6 +131,11 @@ class DeltaStream:
     async def start(self) -> None:
         """Wait for the first delta; raises NoWorkerReady (503) when no worker takes it."""
         self._first = await self._next()
+
+    @property
+    def first_delta(self) -> RequestDelta | None:
+        """The first delta while it has not been iterated yet (None before `start`)."""
+        return self._first
 
     def __aiter__(self) -> DeltaStream:
         return self
@@ -246,50 +176,111 @@ async def submit(engine: EngineClient, request: AddRequest) -> DeltaStream:
     return stream
 
 
-async def collect(stream: DeltaStream, num_prompt_tokens: int) -> Completed:
-    """Read the whole generation. Raises EngineError if it failed in the engine."""
-    parts: list[str] = []
-    last: RequestDelta | None = None
+async def submit_all(engine: EngineClient, requests: Sequence[AddRequest]) -> list[DeltaStream]:
+    """Submit every request at once (so the engine batches them) and wait for each first
+    delta. Raises the first failure (closing every stream): NoWorkerReady / QueueFull
+    (503), QueueTimeout (408), EngineError when a request failed before it produced
+    anything."""
+    streams = [DeltaStream(engine, r.request_id, engine.generate(r)) for r in requests]
     try:
-        async for delta in stream:
-            parts.append(delta.text)
-            last = delta
-    finally:
-        await stream.aclose()
-    if last is None or last.finish_reason is None:
-        raise EngineError("the engine ended the request without finishing it")
-    if last.finish_reason is FinishReason.ERROR:
-        raise EngineError(f"generation failed in the engine: {last.error or 'unknown error'}")
-    usage = Usage(num_prompt_tokens, last.num_output_tokens)
-    return Completed("".join(parts), OPENAI_FINISH_REASON[last.finish_reason], usage)
+        if len(streams) == 1:
+            await streams[0].start()
+        else:
+            async with anyio.create_task_group() as task_group:
+                for stream in streams:
+                    task_group.start_soon(stream.start)
+        for stream in streams:
+            if stream.first_delta is not None:
+                check_delta(stream.first_delta)
+    except BaseExceptionGroup as group:
+        await close_all(streams)
+        raise _first_error(group) from None
+    except BaseException:
+        await close_all(streams)
+        raise
+    return streams
 
 
-async def stream_events(
-    stream: DeltaStream, chunks: ChunkFormatter, *, include_usage: bool, num_prompt_tokens: int
-) -> AsyncGenerator[bytes, None]:
-    """SSE events of a generation, ending with `data: [DONE]`; failures become an error event."""
-    try:
-        opening = chunks.opening()
-        if opening is not None:
-            yield opening
-        async for delta in stream:
-            if delta.text:
-                yield chunks.text(delta.text)
-            if delta.finish_reason is FinishReason.ERROR:
-                message = f"generation failed in the engine: {delta.error or 'unknown error'}"
-                yield sse_error(EngineError(message))
-            elif delta.finish_reason is not None:
-                yield chunks.finish(OPENAI_FINISH_REASON[delta.finish_reason])
-                if include_usage:
-                    yield chunks.usage(Usage(num_prompt_tokens, delta.num_output_tokens))
-    except InferfluxError as exc:
-        yield sse_error(exc)
-    except Exception as exc:
-        log_unexpected(exc, "an event stream")
-        yield sse_error(InferfluxError("internal server error; the failure was logged"))
-    finally:
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report for a group: the first InferfluxError, else the first one."""
+    errors: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending[:0] = list(error.exceptions)
+        else:
+            errors.append(error)
+    return next((e for e in errors if isinstance(e, InferfluxError)), errors[0])
+
+
+async def close_all(streams: Sequence[DeltaStream]) -> None:
+    """Close every stream (each aborts its request unless it finished)."""
+    for stream in streams:
         await stream.aclose()
-    yield SSE_DONE
+
+
+def check_delta(delta: RequestDelta) -> None:
+    """Raise for a delta that ends its request badly: EngineError (it failed in the
+    engine) or QueueTimeout (it waited too long and never ran: 408)."""
+    if delta.finish_reason is FinishReason.ERROR:
+        raise EngineError(f"generation failed in the engine: {delta.error or 'unknown error'}")
+    if delta.finish_reason is FinishReason.TIMEOUT:
+        raise QueueTimeout(
+            "the request waited in the queue longer than scheduler.queue_timeout_s and never "
+            "ran; retry later"
+        )
+
+
+async def merge_deltas(
+    streams: Sequence[DeltaStream],
+) -> AsyncGenerator[tuple[int, RequestDelta], None]:
+    """Every stream's deltas as they arrive, as (position in `streams`, delta), until all
+    finished. Raises the first failure of any stream. Closing the generator (or any
+    failure) closes every stream."""
+    if len(streams) == 1:
+        try:
+            async for delta in streams[0]:
+                yield 0, delta
+        finally:
+            await close_all(streams)
+        return
+    queue: asyncio.Queue[tuple[int, RequestDelta | Exception | None]] = asyncio.Queue()
+    tasks = [
+        asyncio.create_task(_pump(index, stream, queue), name=f"deltas-{index}")
+        for index, stream in enumerate(streams)
+    ]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        with anyio.CancelScope(shield=True):
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await close_all(streams)
+
+
+async def _pump(
+    index: int,
+    stream: DeltaStream,
+    queue: asyncio.Queue[tuple[int, RequestDelta | Exception | None]],
+) -> None:
+    """Move one stream's deltas into `queue`; then None, or the exception that ended it."""
+    try:
+        async for delta in stream:
+            queue.put_nowait((index, delta))
+    except Exception as exc:  # NOTE: handed to the consumer, which raises it
+        queue.put_nowait((index, exc))
+    else:
+        queue.put_nowait((index, None))
 
 
 async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T | None:
@@ -309,37 +300,3 @@ async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> N
     while (await request.receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-async def respond(
-    request: Request,
-    engine: EngineClient,
-    add: AddRequest,
-    chunks: ChunkFormatter,
-    *,
-    stream: bool,
-    include_usage: bool,
-    build: Callable[[Completed], dict[str, object]],
-) -> Response:
-    """Run `add` and answer: an SSE stream, or one JSON body made by `build`."""
-    num_prompt_tokens = len(add.prompt_token_ids)
-    started = time.monotonic()
-    deltas = await until_disconnect(request, submit(engine, add))
-    if deltas is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    logger.debug(
-        "%s started: %d prompt tokens, first delta after %.3f s",
-        add.request_id,
-        num_prompt_tokens,
-        time.monotonic() - started,
-    )
-    if stream:
-        events = stream_events(
-            deltas, chunks, include_usage=include_usage, num_prompt_tokens=num_prompt_tokens
-        )
-        return EventStreamResponse(events)
-    completed = await until_disconnect(request, collect(deltas, num_prompt_tokens))
-    if completed is None:
-        await deltas.aclose()
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return Response(msgspec.json.encode(build(completed)), media_type="application/json")

@@ -1,4 +1,5 @@
-"""GET /v1/models: the one served model, in OpenAI's list shape plus InferFlux `meta`."""
+"""GET /v1/models and /v1/models/{id}: the one served model, in OpenAI's shapes plus
+InferFlux `meta`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from fastapi import APIRouter
 
 from inferflux.api.deps import ModelInfoDep
 from inferflux.engine.protocol import ModelInfo
+from inferflux.errors import ModelNotFound
 
 router = APIRouter(tags=["openai"])
 
@@ -31,3 +33,15 @@ def model_card(info: ModelInfo) -> dict[str, object]:
 async def list_models(info: ModelInfoDep) -> dict[str, object]:
     """The models this server serves (one, for now)."""
     return {"object": "list", "data": [model_card(info)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, info: ModelInfoDep) -> dict[str, object]:
+    """One model by id; 404 (OpenAI's `model_not_found`) for a model this server lacks."""
+    if model_id != info.model_id:
+        raise ModelNotFound(
+            f"the model '{model_id}' does not exist on this server; it serves "
+            f"'{info.model_id}' (GET /v1/models)",
+            param="model",
+        )
+    return model_card(info)

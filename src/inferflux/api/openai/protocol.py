@@ -1,10 +1,10 @@
 """Pydantic models of the OpenAI request bodies InferFlux accepts (the HTTP edge only).
 
-Owns: the shape and static bounds of `/v1/chat/completions` and `/v1/completions` bodies,
-which optional OpenAI hints are accepted and ignored, and which features are refused as
-"not supported yet" (`reject_unsupported`). Does not own: checks that need the model
-(context length, vocabulary size: `generation.py`) or response shapes (built as plain
-dicts and encoded with msgspec on the hot path).
+Owns: the shape and static bounds of `/v1/chat/completions`, `/v1/completions`,
+`/tokenize` and `/detokenize` bodies, and their mapping to the engine's `SamplingParams`.
+Does not own: which OpenAI parameters are accepted-and-ignored or refused as "not supported
+yet" (`compat.py`), checks that need the model (context length, vocabulary size, grammar:
+`generation.py`), or response shapes (plain dicts encoded with msgspec on the hot path).
 
 Validation is strict (JSON types are never coerced: `"1"` is not a number) and unknown
 fields are refused, so a typo never silently becomes a default.
@@ -12,8 +12,7 @@ fields are refused, so a typo never silently becomes a default.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, ClassVar, Literal, Self, cast
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -26,11 +25,18 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from inferflux.engine.messages import SamplingParams
+from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # choices per request (prompts × n)
 MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 512
+MAX_LOGIT_BIAS = 1024
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+_SEED_STRIDE = 0x9E3779B97F4A7C15  # golden-ratio stride: choice j's seed differs in all bits
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
@@ -58,11 +64,18 @@ class ContentPart(BaseModel):
         if self.type != "text":
             raise PydanticCustomError(
                 "unsupported_content_part",
-                "content part type '{part_type}' is not supported yet; send 'text' parts",
+                "content part type '{part_type}' is not supported; only 'text' parts are "
+                "(this model reads text only)",
                 {"part_type": self.type},
             )
         if self.text is None:
             raise PydanticCustomError("missing_text", "a 'text' content part needs a 'text' string")
+        if self.model_extra:
+            raise PydanticCustomError(
+                "unknown_part_field",
+                "unrecognized field '{name}' in a 'text' content part",
+                {"name": next(iter(self.model_extra))},
+            )
         return self
 
 
@@ -101,27 +114,34 @@ class ChatMessage(_Strict):
         return message
 
 
-def _is_none_or(*allowed: object) -> Callable[[object], bool]:
-    return lambda value: value is None or value in allowed
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
+    """Messages as the chat template sees them. Raises InvalidRequest for tool calls."""
+    for index, message in enumerate(messages):
+        if message.tool_calls:
+            raise InvalidRequest(
+                "tool calls are not supported yet", param=f"messages[{index}].tool_calls"
+            )
+    return [message.for_template() for message in messages]
+
+
+def derive_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of choice `choice` of a prompt: `seed` itself for the first, then a
+    reproducible, well-spread variant per choice (None stays None: fresh randomness)."""
+    if seed is None or choice == 0:
+        return seed
+    return (seed + choice * _SEED_STRIDE) % 2**64
 
 
 class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
 
-    # Fields that must keep their default until the feature lands (never silently ignored).
-    UNSUPPORTED: ClassVar[dict[str, Callable[[object], bool]]] = {
-        "response_format": lambda v: v is None or v == {"type": "text"},
-        "logprobs": lambda v: v is None or v is False,
-        "grammar": _is_none_or(),
-    }
-
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=2**31 - 1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
     presence_penalty: Penalty | None = None
@@ -131,15 +151,15 @@ class GenerationRequest(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
-    # OpenAI hints: accepted and ignored.
+    grammar: str | None = Field(None, min_length=1)
+    priority: Literal["high", "normal", "low"] | None = None
+    # OpenAI hints: accepted and ignored (compat.ACCEPTED_IGNORED says why).
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    # Not supported yet: refused unless default (see UNSUPPORTED).
+    # Checked by compat.reject_unsupported: only {"type": "text"} is accepted.
     response_format: JsonValue = None
-    logprobs: bool | int | None = None
-    grammar: JsonValue = None
 
     @field_validator("stop")
     @classmethod
@@ -151,11 +171,19 @@ class GenerationRequest(_Strict):
             )
         if any(not s for s in sequences):
             raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
+        if any(len(s) > MAX_STOP_CHARS for s in sequences):
+            raise PydanticCustomError(
+                "long_stop", "a stop sequence may be at most {n} characters", {"n": MAX_STOP_CHARS}
+            )
         return stop
 
     @field_validator("logit_bias")
     @classmethod
     def _check_bias_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is not None and len(bias) > MAX_LOGIT_BIAS:
+            raise PydanticCustomError(
+                "too_many_bias", "logit_bias may name at most {n} tokens", {"n": MAX_LOGIT_BIAS}
+            )
         for key in bias or {}:
             if not key.isascii() or not key.isdigit():
                 raise PydanticCustomError(
@@ -174,6 +202,9 @@ class GenerationRequest(_Strict):
             )
         return options
 
+    def num_choices(self) -> int:
+        return self.n or 1
+
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
@@ -183,8 +214,20 @@ class GenerationRequest(_Strict):
     def logit_bias_ids(self) -> dict[int, float]:
         return {int(key): value for key, value in (self.logit_bias or {}).items()}
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """The engine's view of this request, `max_tokens` resolved against the context."""
+    def engine_priority(self) -> Priority:
+        return Priority(self.priority or "normal")
+
+    def num_logprobs(self) -> int | None:
+        """How many top alternatives each sampled token reports (None: no logprobs)."""
+        return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        """How many top alternatives each prompt token reports (None: none)."""
+        return None
+
+    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine's view of choice `choice` of a prompt, `max_tokens` resolved against
+        the context."""
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
         return SamplingParams(
             max_tokens=max_tokens,
@@ -192,52 +235,50 @@ class GenerationRequest(_Strict):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             min_p=self.min_p or 0.0,
-            seed=self.seed,
+            seed=derive_seed(self.seed, choice),
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=self.logit_bias_ids(),
             stop=stop,
             ignore_eos=bool(self.ignore_eos),
+            logprobs=self.num_logprobs(),
+            prompt_logprobs=self.num_prompt_logprobs(),
+            grammar=self.grammar,
         )
 
 
 class ChatCompletionRequest(GenerationRequest):
     """Body of POST /v1/chat/completions."""
 
-    UNSUPPORTED: ClassVar[dict[str, Callable[[object], bool]]] = {
-        **GenerationRequest.UNSUPPORTED,
-        "tools": lambda v: not v,
-        "tool_choice": _is_none_or("none", "auto"),
-        "functions": lambda v: not v,
-        "function_call": _is_none_or("none", "auto"),
-        "top_logprobs": _is_none_or(0),
-        "modalities": lambda v: v is None or v == ["text"],
-        "audio": _is_none_or(),
-        "prediction": _is_none_or(),
-        "web_search_options": _is_none_or(),
-        "reasoning_effort": _is_none_or(),
-        "verbosity": _is_none_or(),
-    }
-
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    # OpenAI hints: accepted and ignored.
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    # OpenAI hints: accepted and ignored (compat.ACCEPTED_IGNORED says why).
     parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # Not supported yet.
+    # Checked by compat.reject_unsupported: refused unless absent or harmless.
+    modalities: JsonValue = None
     tools: JsonValue = None
     tool_choice: JsonValue = None
     functions: JsonValue = None
     function_call: JsonValue = None
-    top_logprobs: JsonValue = None
-    modalities: JsonValue = None
     audio: JsonValue = None
     prediction: JsonValue = None
     web_search_options: JsonValue = None
     reasoning_effort: JsonValue = None
     verbosity: JsonValue = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> Self:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest(
+                "top_logprobs needs logprobs=true; set logprobs or leave top_logprobs out",
+                param="top_logprobs",
+            )
+        return self
 
     def requested_max_tokens(self) -> int | None:
         """`max_completion_tokens` wins over the deprecated `max_tokens`."""
@@ -245,57 +286,101 @@ class ChatCompletionRequest(GenerationRequest):
             return self.max_completion_tokens
         return self.max_tokens
 
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def template_messages(self) -> list[dict[str, object]]:
         """Messages as the chat template sees them. Raises InvalidRequest for tool calls."""
-        for index, message in enumerate(self.messages):
-            if message.tool_calls:
-                raise InvalidRequest(
-                    "tool calls are not supported yet", param=f"messages[{index}].tool_calls"
-                )
-        return [message.for_template() for message in self.messages]
+        return template_messages(self.messages)
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
 
 
+def prompt_list(prompt: PromptInput) -> list[str | list[int]]:
+    """The prompts of an OpenAI `prompt` field: each a string or token ids.
+
+    Raises InvalidRequest for an empty list or an empty prompt.
+    """
+    prompts: list[str | list[int]]
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompts = [[t for t in prompt if isinstance(t, int)]]
+    else:
+        prompts = [p for p in prompt if not isinstance(p, int)]
+    if not prompts:
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    for index, single in enumerate(prompts):
+        if not single:
+            param = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
+            raise InvalidRequest("prompt must not be empty", param=param)
+    return prompts
+
+
 class CompletionRequest(GenerationRequest):
     """Body of POST /v1/completions."""
 
-    UNSUPPORTED: ClassVar[dict[str, Callable[[object], bool]]] = {
-        **GenerationRequest.UNSUPPORTED,
-        "echo": _is_none_or(False),
-        "best_of": _is_none_or(1),
-        "suffix": _is_none_or(""),
-    }
-
     prompt: PromptInput
-    echo: JsonValue = None
-    best_of: JsonValue = None
-    suffix: JsonValue = None
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    # Checked by compat.reject_unsupported.
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    suffix: str | None = None
 
-    def prompt_input(self) -> str | list[int]:
-        """The one prompt: a string or token ids. Raises InvalidRequest for batches or empty."""
+    @model_validator(mode="after")
+    def _check_choice_count(self) -> Self:
         prompt = self.prompt
-        single: str | list[int]
-        if isinstance(prompt, str):
-            single = prompt
-        elif prompt and not isinstance(prompt[0], int):
-            if len(prompt) > 1:
-                raise InvalidRequest(
-                    "more than one prompt per request is not supported yet", param="prompt"
-                )
-            single = prompt[0]
-        else:
-            single = cast("list[int]", prompt)  # empty, or token ids
-        if not single:
-            raise InvalidRequest("prompt must not be empty", param="prompt")
-        return single
+        batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        num_prompts = len(prompt) if batch else 1
+        if num_prompts * self.num_choices() > MAX_CHOICES:
+            raise InvalidRequest(
+                f"{num_prompts} prompts × n={self.num_choices()} is more than the "
+                f"{MAX_CHOICES} choices one request may ask for; split the request",
+                param="prompt",
+            )
+        return self
+
+    def prompt_inputs(self) -> list[str | list[int]]:
+        """Every prompt, in order (a string or token ids each)."""
+        return prompt_list(self.prompt)
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
 
-def reject_unsupported(request: GenerationRequest) -> None:
-    """Raise InvalidRequest naming the first feature that is set but not supported yet."""
-    if request.n is not None and request.n > 1:
-        raise InvalidRequest("n > 1 is not supported yet; send n=1 or leave it out", param="n")
-    for name, is_default in request.UNSUPPORTED.items():
-        if not is_default(getattr(request, name)):
-            raise InvalidRequest(f"{name} is not supported yet", param=name)
+class TokenizeRequest(_Strict):
+    """Body of POST /tokenize (vLLM's shape): a `prompt`, or chat `messages`."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # vLLM's name
+    add_special: bool | None = None  # llama.cpp's name
+    add_generation_prompt: bool = True  # messages only
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("send exactly one of 'prompt' and 'messages'", param="prompt")
+        a, b = self.add_special_tokens, self.add_special
+        if a is not None and b is not None and a != b:
+            raise InvalidRequest(
+                "add_special and add_special_tokens disagree; send one", param="add_special"
+            )
+        return self
+
+    def add_special_override(self) -> bool | None:
+        """The client's choice of adding BOS/EOS, or None for the default."""
+        return self.add_special_tokens if self.add_special_tokens is not None else self.add_special
+
+
+class DetokenizeRequest(_Strict):
+    """Body of POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]

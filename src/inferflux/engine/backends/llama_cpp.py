@@ -82,6 +82,8 @@ class LlamaTokenizer:
         # NOTE: a vocab-only load leaves hparams unset (llama_model_n_ctx_train is 0 there).
         ctx_train = _meta_str(self._model, f"{self.architecture}.context_length") or "0"
         self.n_ctx_train: int = int(ctx_train) if ctx_train.isdigit() else 0
+        n_embd = _meta_str(self._model, f"{self.architecture}.embedding_length") or "0"
+        self.n_embd: int = int(n_embd) if n_embd.isdigit() else 0
         template = ll.llama_model_chat_template(self._model, None)
         self._chat_template = template.decode("utf-8", "replace") if template else None
         self._bos_text = self._special_text(ll.llama_vocab_bos(self._vocab))
@@ -137,10 +139,29 @@ class LlamaTokenizer:
             self._model = None
 
 
+# NOTE: llama.cpp's GBNF parser recurses per nested group and per chained rule: about
+# 40,000 nested parentheses (or 200,000 chained rules) overflow the C stack and kill the
+# process. Every grammar is bounded before llama.cpp parses it (API and worker alike).
+MAX_GRAMMAR_CHARS = 65_536
+MAX_GRAMMAR_GROUPS = 2_048
+
+
+def grammar_limit_error(grammar: str) -> str | None:
+    """Why `grammar` is too large for llama.cpp's recursive parser, or None."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        return f"the grammar is {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS} are allowed"
+    if grammar.count("(") > MAX_GRAMMAR_GROUPS:
+        return f"the grammar has more than {MAX_GRAMMAR_GROUPS} groups '('"
+    return None
+
+
 def check_grammar(vocab: Any, grammar: str) -> str | None:  # Any: vocab*
     """None when llama.cpp accepts `grammar` (GBNF, root rule `root`), else a reason."""
     if not grammar.strip():
         return "the grammar is empty"
+    too_big = grammar_limit_error(grammar)
+    if too_big is not None:
+        return too_big
     sampler = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
     if not sampler:
         return (
@@ -342,11 +363,7 @@ class Sampler:
                 )
             )
         if spec.grammar is not None:
-            grammar = ll.llama_sampler_init_grammar(vocab, spec.grammar.encode(), b"root")
-            if not grammar:
-                self.close()
-                raise ValueError("the grammar is not valid GBNF")
-            self._add(grammar)
+            self._add_grammar(vocab, spec.grammar)
         if spec.temperature <= 0.0:
             self._add(ll.llama_sampler_init_greedy())
             return
@@ -358,6 +375,18 @@ class Sampler:
             self._add(ll.llama_sampler_init_min_p(spec.min_p, 1))
         self._add(ll.llama_sampler_init_temp(spec.temperature))
         self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
+
+    def _add_grammar(self, vocab: Any, grammar: str) -> None:  # Any: vocab*
+        """Add a GBNF grammar sampler; closes the chain and raises ValueError if refused."""
+        problem = grammar_limit_error(grammar)
+        sampler = None
+        if problem is None:
+            sampler = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+            problem = None if sampler else "the grammar is not valid GBNF"
+        if problem is not None:
+            self.close()
+            raise ValueError(problem)
+        self._add(sampler)
 
     def _add(self, sampler: Any) -> None:  # Any: llama_sampler*
         ll.llama_sampler_chain_add(self.chain, sampler)

@@ -1,0 +1,76 @@
+"""POST /embeddings (native, spec requirements 1.3 and 11.3): text → one vector per input.
+
+Owns the native request and response models only; tokenizing, checks and the engine round
+trip are shared with POST /v1/embeddings (`api/openai/embeddings.py`). The response is
+built as `EmbeddingsResponse` and serialized by it, so it parses back into the same model
+(spec requirement 11.5).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from inferflux.api.deps import ServingDep, json_body
+from inferflux.api.openai.embeddings import MAX_INPUTS, run_embed, token_lists_of
+from inferflux.api.openai.generation import CLIENT_CLOSED_REQUEST, check_model
+
+router = APIRouter(tags=["native"])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class EmbeddingsRequest(_Strict):
+    """Body of POST /embeddings."""
+
+    input: str | list[str] = Field(
+        description=f"a text, or an array of at most {MAX_INPUTS} texts (none empty)"
+    )
+    model: str | None = Field(None, description="the served model id; omitted = that model")
+
+
+class EmbeddingData(_Strict):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] = Field(description="L2-normalized; the model's n_embd floats")
+
+
+class EmbeddingsUsage(_Strict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(_Strict):
+    """The answer of POST /embeddings: one `data` item per input, in input order."""
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingsUsage
+
+
+EmbeddingsBody = Annotated[EmbeddingsRequest, Depends(json_body(EmbeddingsRequest))]
+
+
+@router.post("/embeddings", responses={200: {"model": EmbeddingsResponse}})
+async def embeddings(request: Request, body: EmbeddingsBody, serving: ServingDep) -> Response:
+    """One vector per input text: the mean of the model's hidden states, L2-normalized."""
+    info = serving.model_info
+    model = check_model(body.model, info)
+    token_lists = await token_lists_of(body.input, serving.tokenizer, info.n_vocab, info.n_ctx)
+    result = await run_embed(request, serving, token_lists)
+    if result is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    tokens, vectors = result.num_prompt_tokens, result.vectors
+    # NOTE: model_construct: the engine's floats need no per-item validation
+    response = EmbeddingsResponse(
+        data=[EmbeddingData.model_construct(index=i, embedding=v) for i, v in enumerate(vectors)],
+        model=model,
+        usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+    return Response(response.model_dump_json(), media_type="application/json")

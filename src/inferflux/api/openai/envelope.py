@@ -1,0 +1,82 @@
+"""The parts every OpenAI completion body and SSE chunk share: id, object, created, model,
+system_fingerprint, and `usage`.
+
+Owns `Usage` (with OpenAI's `prompt_tokens_details` / `completion_tokens_details`) and
+`ChunkEnvelope`. Does not own the choices inside (chat and completions build their own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from inferflux.api.sse import sse_data
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one response. Each prompt counts once, however many choices it got
+    (OpenAI's rule); completion tokens add up over every choice."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+
+
+class ChunkEnvelope:
+    """The fields every body and SSE chunk of one response share, and the usage chunk."""
+
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        system_fingerprint: str,
+        *,
+        object_names: tuple[str, str],
+        include_usage: bool,
+    ) -> None:
+        """`object_names`: (the full response's `object`, each chunk's `object`)."""
+        self.response_id = response_id
+        self.model = model
+        self.system_fingerprint = system_fingerprint
+        self.response_object, self.chunk_object = object_names
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def body(self, choices: list[dict[str, object]], object_name: str) -> dict[str, object]:
+        return {
+            "id": self.response_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+            "choices": choices,
+        }
+
+    def chunk(self, choices: list[dict[str, object]]) -> bytes:
+        """One SSE event; `usage: null` when the client asked for a usage chunk at the end."""
+        event = self.body(choices, self.chunk_object)
+        if self.include_usage:
+            event["usage"] = None
+        return sse_data(event)
+
+    def usage(self, usage: Usage) -> bytes:
+        """The final usage event: empty choices (OpenAI's `stream_options.include_usage`)."""
+        return sse_data({**self.body([], self.chunk_object), "usage": usage.as_dict()})
+
+    def full_response(self, choices: list[dict[str, object]], usage: Usage) -> dict[str, object]:
+        return {**self.body(choices, self.response_object), "usage": usage.as_dict()}
