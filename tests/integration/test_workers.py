@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,13 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     proc = ServerProcess("--workers", "2", env={"INFERFLUX_MODEL__CTX_SIZE": "512"}, log_path=log)
     try:
         proc.wait_ready()
+        # /readyz answers once one worker is ready; wait for the second one too
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            workers = httpx.get(f"{proc.url}/server/stats", timeout=5).json()["workers"]
+            if all(w["ready"] for w in workers):
+                break
+            time.sleep(0.2)
         yield proc
     finally:
         proc.close()
