@@ -21,18 +21,16 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from launch import start_server
 from workload import make_prompts, summarize
 
 CORPUS = Path(__file__).resolve().parent / "data" / "agent_traces.jsonl"
-INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
 
 _TOOLS = (
     "search_web(query): search the web and return the top results",
@@ -66,30 +64,6 @@ def make_corpus(n_conversations: int, n_turns: int, seed: int) -> list[dict[str,
                 turns.append({"role": "user", "content": text})
         conversations.append({"id": f"conv-{c}", "system": system, "turns": turns})
     return conversations
-
-
-def start_server(port: int, cache: bool, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
-    env = {
-        **dict(__import__("os").environ),
-        "INFERFLUX_SCHEDULER__PREFIX_CACHE__ENABLED": "true" if cache else "false",
-        **extra_env,
-    }
-    proc = subprocess.Popen(
-        [INFERFLUX, "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not become ready")
 
 
 async def one_turn(
@@ -201,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     corpus = [json.loads(line) for line in CORPUS.read_text().splitlines() if line]
     report: dict[str, Any] = {"conversations": len(corpus), "max_tokens": args.max_tokens}
     for mode in ("cache_on", "cache_off"):
-        server = start_server(args.port, mode == "cache_on", {})
+        enabled = "true" if mode == "cache_on" else "false"
+        server = start_server(
+            args.port, env={"INFERFLUX_SCHEDULER__PREFIX_CACHE__ENABLED": enabled}
+        )
         try:
             report[mode] = asyncio.run(
                 replay(f"http://127.0.0.1:{args.port}", corpus, args.max_tokens)

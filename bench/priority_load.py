@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,28 +23,8 @@ from typing import Any
 
 import httpx
 
+from launch import start_server
 from workload import make_prompts, summarize
-
-INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
-
-
-def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [INFERFLUX, "serve", "--port", str(port)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not become ready")
 
 
 def rss_mb(pid: int) -> float:
@@ -185,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
-    server = start_server(args.port, {})
+    server = start_server(args.port)
     try:
         report: dict[str, Any] = {
             "mixed": asyncio.run(mixed(url, args.low_clients, args.high_requests))
@@ -199,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "INFERFLUX_SCHEDULER__HIGH_WATERMARK": "64",
         "INFERFLUX_SCHEDULER__LOW_WATERMARK": "32",
     }
-    server = start_server(args.port, env)
+    server = start_server(args.port, env=env)
     try:
         report["overload"] = asyncio.run(overload(url, server.pid, rate, args.seconds))
     finally:

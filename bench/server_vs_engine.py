@@ -20,40 +20,20 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from engine_limit import load_engine, tokenize_prompts
 from engine_limit import run_level as engine_run_level
+from launch import start_server
 from serve_load import LoadConfig, format_table, level_report, make_http_client, parse_levels
 from serve_load import run_level as server_run_level
 from workload import make_prompts
 
-INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
 
-
-def start_server(port: int, model: str | None, config: str | None) -> subprocess.Popen[bytes]:
-    args = [INFERFLUX, "serve", "--port", str(port)]
-    if model:
-        args += ["--model", model]
-    if config:
-        args += ["--config", config]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not become ready")
+def server_args(model: str | None, config: str | None) -> list[str]:
+    return [*(["--model", model] if model else []), *(["--config", config] if config else [])]
 
 
 async def server_level(config: LoadConfig, concurrency: int) -> dict[str, Any]:
@@ -85,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         min_words=16,
         max_words=128,
     )
-    server = start_server(args.port, args.model, args.config)
+    server = start_server(args.port, server_args(args.model, args.config))
     engine_levels: list[dict[str, Any]] = []
     server_levels: list[dict[str, Any]] = []
     try:

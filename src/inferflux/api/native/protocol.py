@@ -17,10 +17,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferflux.api.openai.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from inferflux.engine.messages import Priority, SamplingParams
 
-MAX_STOP_SEQUENCES = 16  # the same bounds as the OpenAI routes' `stop`
-MAX_STOP_CHARS = 512
 MAX_TOP_K = 2**31 - 1  # llama.cpp takes an int32
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 

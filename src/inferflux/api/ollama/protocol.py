@@ -22,13 +22,12 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from inferflux.api.openai.protocol import check_stop_sequences
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_CHARS = 512
 MAX_TOP_LOGPROBS = 20
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 _INT32_MAX = 2**31 - 1  # llama.cpp takes top_k and the penalty window as int32
@@ -133,18 +132,7 @@ class OllamaOptions(BaseModel):
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        sequences = [stop] if isinstance(stop, str) else stop or []
-        if len(sequences) > MAX_STOP_SEQUENCES:
-            raise PydanticCustomError(
-                "too_many_stop", "at most {n} stop sequences are allowed", {"n": MAX_STOP_SEQUENCES}
-            )
-        if any(not s for s in sequences):
-            raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
-        if any(len(s) > MAX_STOP_CHARS for s in sequences):
-            raise PydanticCustomError(
-                "long_stop", "a stop sequence may be at most {n} characters", {"n": MAX_STOP_CHARS}
-            )
-        return stop
+        return check_stop_sequences(stop)
 
     @field_validator("mirostat")
     @classmethod

@@ -42,6 +42,22 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
+def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None:
+    """The bounds every route puts on stop strings (a pydantic validator body)."""
+    sequences = [stop] if isinstance(stop, str) else stop or []
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise PydanticCustomError(
+            "too_many_stop", "at most {n} stop sequences are allowed", {"n": MAX_STOP_SEQUENCES}
+        )
+    if any(not s for s in sequences):
+        raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
+    if any(len(s) > MAX_STOP_CHARS for s in sequences):
+        raise PydanticCustomError(
+            "long_stop", "a stop sequence may be at most {n} characters", {"n": MAX_STOP_CHARS}
+        )
+    return stop
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -164,18 +180,7 @@ class GenerationRequest(_Strict):
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        sequences = [stop] if isinstance(stop, str) else stop or []
-        if len(sequences) > MAX_STOP_SEQUENCES:
-            raise PydanticCustomError(
-                "too_many_stop", "at most {n} stop sequences are allowed", {"n": MAX_STOP_SEQUENCES}
-            )
-        if any(not s for s in sequences):
-            raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
-        if any(len(s) > MAX_STOP_CHARS for s in sequences):
-            raise PydanticCustomError(
-                "long_stop", "a stop sequence may be at most {n} characters", {"n": MAX_STOP_CHARS}
-            )
-        return stop
+        return check_stop_sequences(stop)
 
     @field_validator("logit_bias")
     @classmethod
