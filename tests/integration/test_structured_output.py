@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import jsonschema
@@ -32,7 +32,7 @@ class Person(BaseModel):
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=120)
     city: Literal["Lima", "Oslo", "Paris"]
-    hobbies: list[str] = Field(max_length=3)
+    hobbies: list[Annotated[str, Field(max_length=16)]] = Field(max_length=3)
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +69,14 @@ def test_the_sdk_parses_a_pydantic_model(client: OpenAI) -> None:
 
 
 def test_every_choice_and_every_stream_is_constrained(http: httpx.Client) -> None:
-    body = {"messages": ASK, "max_tokens": 120, "response_format": person_format()}
-    data = http.post("/v1/chat/completions", json={**body, "n": 2, "temperature": 1.0}).json()
+    body = {"messages": ASK, "max_tokens": 160, "response_format": person_format()}
+    data = http.post("/v1/chat/completions", json={**body, "n": 2, "temperature": 0.7}).json()
     schema = Person.model_json_schema()
     for choice in data["choices"]:
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
         assert choice["structured_output"]["valid"] is True
-    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+    streamed = {**body, "stream": True, "temperature": 0}
+    with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
         events = [
             json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")
         ]
@@ -94,17 +95,29 @@ def test_a_cut_answer_is_flagged_never_passed_off_as_valid(http: httpx.Client) -
 
 
 def test_json_object_and_a_completion_with_a_schema(http: httpx.Client) -> None:
-    ask = [{"role": "user", "content": "Give a JSON object describing a cat."}]
+    ask = [
+        {"role": "user", "content": "Give a JSON object describing a cat with its name and color."}
+    ]
+    body = {"messages": ask, "max_tokens": 80, "temperature": 0}
     chat = http.post(
-        "/v1/chat/completions",
-        json={"messages": ask, "max_tokens": 80, "response_format": {"type": "json_object"}},
+        "/v1/chat/completions", json={**body, "response_format": {"type": "json_object"}}
     ).json()["choices"][0]
     assert isinstance(json.loads(chat["message"]["content"]), dict)
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}}
     completion = http.post(
         "/v1/completions",
-        json={"prompt": "The result as JSON:", "max_tokens": 20, "response_format": fmt},
+        json={
+            "prompt": "The result as JSON:",
+            "max_tokens": 20,
+            "temperature": 0,
+            "response_format": fmt,
+        },
     ).json()["choices"][0]
     assert json.loads(completion["text"]) in ({"ok": True}, {"ok": False})
     assert completion["structured_output"]["valid"] is True
