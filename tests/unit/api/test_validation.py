@@ -17,6 +17,14 @@ def chat(**fields: object) -> dict[str, object]:
     return {"messages": USER, **fields}
 
 
+def tool(name: str = "f", **function: object) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name, **function}}
+
+
+def assistant_calls(*calls: object) -> dict[str, object]:
+    return {"messages": [{"role": "assistant", "content": None, "tool_calls": list(calls)}]}
+
+
 CHAT_400 = [
     # (body, param)
     ({}, "messages"),
@@ -75,7 +83,26 @@ CHAT_400 = [
     (chat(user=5), "user"),
     (chat(foo=1), "foo"),
     (chat(response_format={"type": "json_object"}), "response_format"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    (chat(tools=[{"type": "function"}]), "tools[0].function"),
+    (chat(tools=[{"type": "fn", "function": {"name": "f"}}]), "tools[0].type"),
+    (chat(tools=[tool("bad name!")]), "tools[0].function.name"),
+    (chat(tools=[tool(description=5)]), "tools[0].function.description"),
+    (chat(tools=[tool(parameters={"type": "string"})]), "tools[0].function.parameters"),
+    (
+        chat(tools=[tool(parameters={"type": "object", "properties": {"a": {"type": "nope"}}})]),
+        "tools[0].function.parameters",
+    ),
+    (chat(tools=[tool(parameters="{}")]), "tools[0].function.parameters"),
+    (chat(tools=[tool(), tool("g"), tool()]), "tools[2].function.name"),
+    (chat(tools=[tool(bogus=1)]), "tools[0].function.bogus"),
+    (chat(tools=[tool()], tool_choice="sometimes"), "tool_choice"),
+    (
+        chat(tools=[tool()], tool_choice={"type": "function", "function": {"name": "g"}}),
+        "tool_choice",
+    ),
+    (chat(tools=[tool()], tool_choice={"type": "function"}), "tool_choice.function"),
+    (chat(tools=[tool()], parallel_tool_calls="no"), "parallel_tool_calls"),
+    (chat(tools={"f": {}}), "tools"),
     (chat(tool_choice="required"), "tool_choice"),
     (chat(logprobs=1), "logprobs"),
     (chat(top_logprobs=2), "top_logprobs"),
@@ -107,8 +134,39 @@ CHAT_400 = [
     (chat(functions=[{"name": "f"}]), "functions"),
     (chat(modalities=["audio"]), "modalities"),
     (chat(reasoning_effort="high"), "reasoning_effort"),
+    (assistant_calls({"id": "1"}), "messages[0].tool_calls[0].function"),
     (
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+        assistant_calls({"id": "1", "type": "function", "function": {"name": "f"}}),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        assistant_calls(
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}
+        ),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        assistant_calls(
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[]"}}
+        ),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [
+                        {
+                            "id": "1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                }
+            ]
+        },
         "messages[0].tool_calls",
     ),
 ]
