@@ -66,7 +66,7 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
     check_grammar(body.grammar, serving.tokenizer)
-    tools = plan_chat_tools(body, serving.chat_template)
+    tools = plan_chat_tools(body, serving.chat_template, serving.tokenizer)
     token_ids = await tokenize_chat(
         serving.tokenizer, serving.chat_template, tools.messages, tools=tools.template_tools
     )

@@ -31,6 +31,7 @@ from inferflux.api.tools import (
     tool_call_grammar,
 )
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.protocol import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +47,43 @@ class ChatTools:
     grammar: str | None
 
 
-def plan_chat_tools(body: ChatCompletionRequest, template: ChatTemplate) -> ChatTools:
-    """Resolve `tools` / `tool_choice` / `parallel_tool_calls` and the message history
-    against the template. Raises InvalidRequest naming the field at fault."""
+def plan_tools(
+    messages: list[dict[str, object]],
+    plan: ToolPlan | None,
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+) -> ChatTools:
+    """The tool setup of a chat request (OpenAI or Ollama) whose tool fields resolved to
+    `plan`, over its template `messages`."""
     tool_format = detect_tool_format(template.source, is_fallback=template.is_fallback)
-    plan = resolve_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     if plan is not None and not tool_format.parallel:
         plan = ToolPlan(plan.functions, plan.required, plan.forced, parallel=False)
-    messages, template_tools = prepare_messages(body.template_messages(), tool_format, plan)
-    grammar = tool_call_grammar(tool_format, plan) if plan is not None else None
+    messages, template_tools = prepare_messages(messages, tool_format, plan)
+    grammar = None
+    if plan is not None:
+        special = _tags_are_tokens(tool_format, tokenizer)
+        grammar = tool_call_grammar(tool_format, plan, special_tags=special)
     return ChatTools(tool_format, plan, messages, template_tools, grammar)
+
+
+def plan_chat_tools(
+    body: ChatCompletionRequest, template: ChatTemplate, tokenizer: Tokenizer
+) -> ChatTools:
+    """Resolve `tools` / `tool_choice` / `parallel_tool_calls` and the message history
+    against the template. Raises InvalidRequest naming the field at fault."""
+    plan = resolve_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    return plan_tools(body.template_messages(), plan, template, tokenizer)
+
+
+def _tags_are_tokens(tool_format: ToolFormat, tokenizer: Tokenizer) -> bool:
+    """True when the format's `<...>` open and close tags are single vocabulary tokens
+    (Qwen's `<tool_call>`): llguidance then matches them only as special tokens."""
+    tags = [tool_format.trigger, tool_format.close or ""]
+    if not all(tag.startswith("<") and tag.endswith(">") for tag in tags):
+        return False
+    return all(
+        len(tokenizer.tokenize(tag, add_special=False, parse_special=True)) == 1 for tag in tags
+    )
 
 
 def tool_call_dict(call: ToolCall) -> dict[str, object]:

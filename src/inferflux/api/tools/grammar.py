@@ -24,6 +24,7 @@ from inferflux.api.tools.protocol import FunctionSpec, ToolPlan
 
 _TEXT = "TEXT: /(.|\\n)*/"
 _LLAMA3_TRIGGER = '{"name": "'
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _lark_string(text: str) -> str:
@@ -45,27 +46,34 @@ def call_schema(tool_format: ToolFormat, functions: tuple[FunctionSpec, ...]) ->
 
 
 def _json(schema: dict[str, object]) -> str:
-    return "%json " + json.dumps(schema, ensure_ascii=False)
+    """`%json` with the layout the models write: `", "` and `": "`, no free whitespace
+    (tiny models otherwise emit whitespace until max_tokens; the same layout as
+    `engine/grammar.py` uses for response_format)."""
+    return "%json " + json.dumps({**schema, "x-guidance": _JSON_LAYOUT}, ensure_ascii=False)
 
 
-def _tagged(tool_format: ToolFormat, plan: ToolPlan) -> str:
-    """hermes and generic: `<tool_call>\\n{json}\\n</tool_call>` blocks."""
-    close = f"\\n{tool_format.close}"
+def _tagged(tool_format: ToolFormat, plan: ToolPlan, *, special: bool) -> str:
+    """hermes and generic: `<tool_call>\\n{json}\\n</tool_call>` blocks. `special`: the
+    tags are single special tokens of the vocabulary (Qwen's), written `<tool_call>`
+    unquoted in Lark; otherwise they are text, and auto mode needs a lazy trigger."""
+    open_tag, close_tag = tool_format.trigger, tool_format.close or ""
+    if special:
+        opening, closing = f'{open_tag} "\\n"', f'"\\n" {close_tag}'
+    else:
+        opening, closing = _lark_string(open_tag + "\n"), _lark_string("\n" + close_tag)
     rules = [
         f"body: {_json(call_schema(tool_format, plan.callable_functions()))}",
-        f'call: {_lark_string(tool_format.trigger + chr(10))} body "{close}"',
+        f"call: {opening} body {closing}",
     ]
     more = ' ("\\n" call)*' if plan.parallel else ""
     if plan.required:
-        rules.insert(0, f"start: call{more}")
+        return "\n".join([f"start: call{more}", *rules])
+    if special:
+        first = [f"first: TEXT {opening} body {closing}"]
     else:
-        rules.insert(0, f"start: TEXT | first{more}")
-        rules += [
-            f'first: trigger "\\n" body "{close}"',
-            f"trigger[lazy]: TEXT {_lark_string(tool_format.trigger)}",
-            _TEXT,
-        ]
-    return "\n".join(rules)
+        trigger = f"trigger[lazy]: TEXT {_lark_string(open_tag)}"
+        first = [f'first: trigger "\\n" body {closing}', trigger]
+    return "\n".join([f"start: TEXT | first{more}", *rules, *first, _TEXT])
 
 
 def _llama3_rest(tool_format: ToolFormat, function: FunctionSpec) -> str:
@@ -112,12 +120,16 @@ def _mistral(tool_format: ToolFormat, plan: ToolPlan) -> str:
     )
 
 
-def tool_call_grammar(tool_format: ToolFormat, plan: ToolPlan) -> str:
-    """The Lark grammar (llguidance dialect) for `plan` in `tool_format` (module docstring)."""
+def tool_call_grammar(
+    tool_format: ToolFormat, plan: ToolPlan, *, special_tags: bool = False
+) -> str:
+    """The Lark grammar (llguidance dialect) for `plan` in `tool_format` (module docstring).
+    `special_tags`: the format's `<...>` tags are single tokens of the vocabulary, which
+    llguidance matches only as special tokens."""
     if tool_format.array_body:
         rules = _mistral(tool_format, plan)
     elif tool_format is LLAMA3 or tool_format.close is None:
         rules = _llama3(tool_format, plan)
     else:
-        rules = _tagged(tool_format, plan)
+        rules = _tagged(tool_format, plan, special=special_tags)
     return "%llguidance {}\n" + rules + "\n"
