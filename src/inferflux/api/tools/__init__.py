@@ -3,7 +3,8 @@
 `formats` (which syntax a model's template uses), `protocol` (tool definitions and
 choices at the edge, resolved to a `ToolPlan`), `prompt` (tools and tool history → the
 template's input), `grammar` (the llguidance grammar of valid calls), `parser` (calls read
-back out of the generated text, whole or streaming).
+back out of the generated text, whole or streaming), `request` (all of it for one chat
+request).
 """
 
 from inferflux.api.tools.formats import ToolFormat, detect_tool_format
@@ -11,14 +12,17 @@ from inferflux.api.tools.grammar import tool_call_grammar
 from inferflux.api.tools.parser import ToolCall, ToolCallParser, parse_tool_calls
 from inferflux.api.tools.prompt import prepare_messages
 from inferflux.api.tools.protocol import ToolPlan, resolve_tools
+from inferflux.api.tools.request import ChatTools, plan_tools
 
 __all__ = [
+    "ChatTools",
     "ToolCall",
     "ToolCallParser",
     "ToolFormat",
     "ToolPlan",
     "detect_tool_format",
     "parse_tool_calls",
+    "plan_tools",
     "prepare_messages",
     "resolve_tools",
     "tool_call_grammar",
