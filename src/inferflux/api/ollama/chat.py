@@ -4,10 +4,11 @@ Owns the chat object shape (`message: {role: "assistant", content, tool_calls}`)
 Messages (roles system, user, assistant, tool) render through the model's chat template
 (`engine/chat_template.py`). With `tools`, the model may call them (`api/tools/`): calls
 come back as `message.tool_calls: [{id, function: {index, name, arguments: {...}}}]`,
-streamed as one line per completed call, never as `<tool_call>` text. Refused with a 400:
-`images` (text-only models), `format` (until structured output lands). An empty
-`messages` list is Ollama's load request (`done_reason` "load", or "unload" with
-`keep_alive: 0`; the model stays resident either way).
+streamed as one line per completed call, never as `<tool_call>` text. `format` ("json"
+or a JSON schema) constrains the output (`protocol.format_constraint`); with `tools` it
+is a 400. Refused with a 400: `images` (text-only models). An empty `messages` list is
+Ollama's load request (`done_reason` "load", or "unload" with `keep_alive: 0`; the model
+stays resident either way).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from starlette.responses import Response
 from inferflux.api.deps import ServingDep, json_body
 from inferflux.api.ollama.generate import load_response
 from inferflux.api.ollama.models import resolve_model
-from inferflux.api.ollama.protocol import OllamaChatRequest, check_format
+from inferflux.api.ollama.protocol import OllamaChatRequest, format_constraint
 from inferflux.api.ollama.responder import (
     Progress,
     build_request,
@@ -30,7 +31,7 @@ from inferflux.api.ollama.responder import (
     respond,
 )
 from inferflux.api.openai.generation import tokenize_chat
-from inferflux.api.tools import ChatTools, ToolCall, ToolCallParser, plan_tools
+from inferflux.api.tools import ChatTools, ToolCall, ToolCallParser, plan_tools, tools_constraint
 from inferflux.api.tools.parser import Event
 
 router = APIRouter(tags=["ollama"])
@@ -91,14 +92,17 @@ async def chat(request: Request, body: ChatBody, serving: ServingDep) -> Respons
     progress = Progress(started_ns=time.monotonic_ns())
     model = resolve_model(body.model, serving.model_info)
     messages = body.template_messages()
-    check_format(body.format)
-    plan = body.tool_plan()
+    output = await format_constraint(body.format, serving.constraints)
+    plan = body.tool_plan(serving.constraints.check_schema_bounds)
     if not messages:
         return json_response(load_response(model, body.keep_alive_s(), message=True))
     tools = plan_tools(messages, plan, serving.chat_template, serving.tokenizer)
+    if plan is not None:
+        output = await tools_constraint(tools, output, serving.constraints)
     token_ids = await tokenize_chat(
         serving.tokenizer, serving.chat_template, tools.messages, tools=tools.template_tools
     )
-    add = build_request("ollama-chat", body, token_ids, serving.model_info, "messages")
+    constraint = output.grammar if output else None
+    add = build_request("ollama-chat", body, token_ids, serving.model_info, "messages", constraint)
     shape = ChatShape(model, tools)
     return await respond(request, serving, add, shape, progress, stream=body.streaming())

@@ -23,8 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from pydantic_core import PydanticCustomError
 
 from inferflux.api.openai.protocol import check_stop_sequences
+from inferflux.api.structured import OutputConstraint, schema_constraint
 from inferflux.api.tools.parser import new_call_id
-from inferflux.api.tools.protocol import ToolDefinition, ToolPlan, resolve_tools
+from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
@@ -173,10 +175,16 @@ def requested_max_tokens(options: OllamaOptions | None) -> int | None:
 
 
 def sampling_params(
-    options: OllamaOptions | None, *, max_tokens: int, n_ctx: int, logprobs: int | None = None
+    options: OllamaOptions | None,
+    *,
+    max_tokens: int,
+    n_ctx: int,
+    logprobs: int | None = None,
+    constraint: str | None = None,
 ) -> SamplingParams:
     """The engine's sampling for Ollama `options`, Ollama's defaults for what is unset.
-    `logprobs`: None, or how many alternatives each sampled token reports."""
+    `logprobs`: None, or how many alternatives each sampled token reports; `constraint`:
+    the compiled `format`."""
     o = options or OllamaOptions()
     repeat_last_n = DEFAULT_REPEAT_LAST_N if o.repeat_last_n is None else o.repeat_last_n
     repeat_penalty = DEFAULT_REPEAT_PENALTY if o.repeat_penalty is None else o.repeat_penalty
@@ -193,6 +201,7 @@ def sampling_params(
         penalty_last_n=n_ctx if repeat_last_n < 0 else repeat_last_n,
         stop=o.stop_list(),
         logprobs=logprobs,
+        constraint=constraint,
     )
 
 
@@ -288,9 +297,10 @@ class OllamaChatRequest(GenerationBody):
     messages: list[OllamaMessage] | None = None
     tools: list[ToolDefinition] | None = None
 
-    def tool_plan(self) -> ToolPlan | None:
-        """The tools the model may call (None: none); InvalidRequest for bad ones."""
-        return resolve_tools(self.tools, None, None)
+    def tool_plan(self, check_bounds: BoundsCheck | None = None) -> ToolPlan | None:
+        """The tools the model may call (None: none); InvalidRequest for bad ones
+        (`check_bounds`: the size and depth limits of parameter schemas)."""
+        return resolve_tools(self.tools, None, None, check_bounds=check_bounds)
 
     def template_messages(self) -> list[dict[str, object]]:
         """Messages as the chat template sees them; InvalidRequest for images and for
@@ -341,15 +351,16 @@ class OllamaEmbeddingsRequest(_Body):
     keep_alive: KeepAlive | None = None
 
 
-def check_format(format_: JsonValue) -> None:
-    """`format` ("json" or a JSON schema) is refused until structured output maps it to a
-    grammar. NOTE: the one place to replace when that lands."""
+async def format_constraint(
+    format_: JsonValue, compiler: ConstraintCompiler
+) -> OutputConstraint | None:
+    """The constraint Ollama's `format` asks for: "json" (any JSON object) or a JSON
+    schema; None when absent. Raises InvalidRequest (400) for anything else, or a schema
+    that is invalid or cannot be enforced (api/structured.py)."""
     if format_ is None or format_ == "":
-        return
-    if format_ != "json" and not isinstance(format_, dict):
-        raise InvalidRequest(
-            'invalid format: expected "json" or a JSON schema object', param="format"
-        )
-    raise InvalidRequest(
-        "format (JSON mode and JSON schemas) is not supported yet; leave it out", param="format"
-    )
+        return None
+    if format_ == "json":
+        return await schema_constraint(compiler, None, "format")
+    if isinstance(format_, dict):
+        return await schema_constraint(compiler, format_, "format")
+    raise InvalidRequest('invalid format: expected "json" or a JSON schema object', param="format")

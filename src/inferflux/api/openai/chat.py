@@ -16,9 +16,10 @@ from inferflux.api.deps import ChatBody, ServingDep
 from inferflux.api.openai.chat_tools import ToolChatChoice, plan_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
-from inferflux.api.openai.generation import check_grammar, check_model, tokenize_chat
+from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
 from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
 from inferflux.api.openai.responder import Choice, ChoiceRenderer, Responder, build_choices
+from inferflux.api.tools import tools_constraint
 from inferflux.engine.messages import RequestDelta
 
 router = APIRouter(tags=["openai"])
@@ -65,13 +66,20 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
-    check_grammar(body.grammar, serving.tokenizer)
-    tools = plan_chat_tools(body, serving.chat_template, serving.tokenizer)
+    tools = plan_chat_tools(body, serving.chat_template, serving.tokenizer, serving.constraints)
+    output = await output_constraint(body, serving.constraints)
+    if tools.plan is not None:
+        output = await tools_constraint(tools, output, serving.constraints)
     token_ids = await tokenize_chat(
         serving.tokenizer, serving.chat_template, tools.messages, tools=tools.template_tools
     )
     response_id, choices = build_choices(
-        "chatcmpl", body, [token_ids], serving.model_info, "messages"
+        "chatcmpl",
+        body,
+        [token_ids],
+        serving.model_info,
+        "messages",
+        output.grammar if output else None,
     )
     envelope = ChunkEnvelope(
         response_id,
@@ -89,5 +97,5 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
             choice.index, logprobs=logprobs, tool_format=tools.tool_format, plan=tools.plan
         )
 
-    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer)
+    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer, output)
     return await responder.respond(request, serving.engine, stream=bool(body.stream))

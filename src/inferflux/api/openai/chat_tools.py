@@ -28,15 +28,22 @@ from inferflux.api.tools import (
     resolve_tools,
 )
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.protocol import Tokenizer
 
 
 def plan_chat_tools(
-    body: ChatCompletionRequest, template: ChatTemplate, tokenizer: Tokenizer
+    body: ChatCompletionRequest,
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    compiler: ConstraintCompiler,
 ) -> ChatTools:
     """Resolve `tools` / `tool_choice` / `parallel_tool_calls` and the message history
-    against the template. Raises InvalidRequest naming the field at fault."""
-    plan = resolve_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    against the template. Raises InvalidRequest naming the field at fault (parameter
+    schemas are held to the `structured_output.*` bounds first)."""
+    plan = resolve_tools(
+        body.tools, body.tool_choice, body.parallel_tool_calls, check_bounds=compiler.check_schema_bounds
+    )
     return plan_tools(body.template_messages(), plan, template, tokenizer)
 
 

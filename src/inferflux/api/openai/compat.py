@@ -2,13 +2,15 @@
 
 Owns the one list of accepted-and-ignored hints (`ACCEPTED_IGNORED`, also the table in
 docs/api.md) and `reject_unsupported`, the one function that refuses features that would
-change the output if honoured: structured output, legacy functions, audio, best_of > n...
-A parameter is ignored only when OpenAI documents it as an optional hint whose absence cannot change
+change the output if honoured: the legacy functions, audio, best_of > n... A parameter
+is ignored only when OpenAI documents it as an optional hint whose absence cannot change
 what the model generates; anything that constrains the output is either honoured or
 refused with a 400 naming it. Nothing is silently dropped.
 
-Replace the matching entry of `_UNSUPPORTED` when a feature lands. Tools are honoured
-(`api/tools/`); the legacy `functions` / `function_call` stay refused.
+Replace the matching entry of `_UNSUPPORTED` when a feature lands. Honoured elsewhere:
+structured output, `response_format` (`api/structured.py`), and tools, `tools` /
+`tool_choice` / `parallel_tool_calls` (`api/tools/`); the legacy `functions` /
+`function_call` stay refused.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ ACCEPTED_IGNORED: dict[str, str] = {
     "prompt_cache_key": "OpenAI cache routing hint; the prefix cache needs none",
     "stream_options.include_obfuscation": "InferFlux adds no obfuscation padding",
     "modalities": 'only ["text"] (the default) is accepted',
-    "response_format": 'only {"type": "text"} (the default) is accepted',
     "function_call": '"none" or "auto" with no functions (legacy; use tool_choice)',
     "functions": "an empty list (legacy; use tools)",
     "best_of": "only equal to n (each choice is already its own sample)",
@@ -43,16 +44,10 @@ def _is_none_or(*allowed: object) -> Callable[[object], bool]:
     return lambda value: value is None or value in allowed
 
 
-def _text_format(value: object) -> bool:
-    return value is None or value == {"type": "text"}
-
-
 # name → (is acceptable, why it is refused otherwise)
 _Check = tuple[Callable[[object], bool], str]
-_STRUCTURED = "structured output (response_format json_object / json_schema) is not supported yet"
 _FUNCTIONS = "the legacy functions / function_call parameters are not supported; use tools"
 _CHAT_UNSUPPORTED: dict[str, _Check] = {
-    "response_format": (_text_format, _STRUCTURED + "; use `grammar` (GBNF) to constrain output"),
     "functions": (lambda v: not v, _FUNCTIONS),
     "function_call": (_is_none_or("none", "auto"), _FUNCTIONS),
     "modalities": (lambda v: v is None or v == ["text"], "this server generates text only"),
@@ -63,7 +58,6 @@ _CHAT_UNSUPPORTED: dict[str, _Check] = {
     "verbosity": (_is_none_or(), "verbosity is not supported by this model"),
 }
 _COMPLETION_UNSUPPORTED: dict[str, _Check] = {
-    "response_format": (_text_format, _STRUCTURED),
     "suffix": (_is_none_or(""), "suffix (insertion) is not supported"),
 }
 

@@ -12,7 +12,7 @@ from inferflux.api.tools.grammar import tool_call_grammar
 from inferflux.api.tools.parser import ToolCall, ToolCallParser, parse_tool_calls
 from inferflux.api.tools.prompt import prepare_messages
 from inferflux.api.tools.protocol import ToolPlan, resolve_tools
-from inferflux.api.tools.request import ChatTools, plan_tools
+from inferflux.api.tools.request import ChatTools, plan_tools, tools_constraint
 
 __all__ = [
     "ChatTools",
@@ -26,4 +26,5 @@ __all__ = [
     "prepare_messages",
     "resolve_tools",
     "tool_call_grammar",
+    "tools_constraint",
 ]

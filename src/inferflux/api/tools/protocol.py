@@ -11,6 +11,7 @@ None when no tool may be called. Ollama's `tools` have the same shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -121,8 +122,15 @@ def _parameters(definition: FunctionDefinition, param: str) -> dict[str, object]
     return schema
 
 
-def function_specs(tools: list[ToolDefinition], param: str = "tools") -> tuple[FunctionSpec, ...]:
-    """The functions of `tools`; InvalidRequest for duplicates and invalid schemas."""
+# (schema, param) → raises InvalidRequest when the schema is too deep or too large
+BoundsCheck = Callable[[object, str], object]
+
+
+def function_specs(
+    tools: list[ToolDefinition], param: str = "tools", check_bounds: BoundsCheck | None = None
+) -> tuple[FunctionSpec, ...]:
+    """The functions of `tools`; InvalidRequest for duplicates, schemas out of bounds
+    (`check_bounds`, run before any recursive validator) and invalid schemas."""
     if len(tools) > MAX_TOOLS:
         raise InvalidRequest(f"at most {MAX_TOOLS} tools are allowed", param=param)
     specs: list[FunctionSpec] = []
@@ -133,7 +141,10 @@ def function_specs(tools: list[ToolDefinition], param: str = "tools") -> tuple[F
                 f"two tools are named '{function.name}'; tool names must be unique",
                 param=f"{param}[{index}].function.name",
             )
-        schema = _parameters(function, f"{param}[{index}].function.parameters")
+        schema_param = f"{param}[{index}].function.parameters"
+        if check_bounds is not None and function.parameters is not None:
+            check_bounds(function.parameters, schema_param)
+        schema = _parameters(function, schema_param)
         specs.append(FunctionSpec(function.name, function.description, schema))
     return tuple(specs)
 
@@ -142,10 +153,12 @@ def resolve_tools(
     tools: list[ToolDefinition] | None,
     tool_choice: ToolChoice | None,
     parallel_tool_calls: bool | None,
+    *,
+    check_bounds: BoundsCheck | None = None,
 ) -> ToolPlan | None:
     """The plan of a request's tool fields, None when the model may call nothing (no
     tools, or tool_choice "none"). Raises InvalidRequest naming the field at fault."""
-    specs = function_specs(tools or [])
+    specs = function_specs(tools or [], check_bounds=check_bounds)
     if not specs:
         if tool_choice not in (None, "none", "auto"):
             raise InvalidRequest("tool_choice needs a non-empty 'tools' list", param="tool_choice")

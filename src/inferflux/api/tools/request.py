@@ -2,7 +2,8 @@
 
 Owns `ChatTools` and `plan_tools`: from the template messages and the resolved
 `ToolPlan`, pick the template's `ToolFormat`, prepare the template's input
-(`prompt.py`) and build the grammar of valid calls (`grammar.py`).
+(`prompt.py`) and build the grammar of valid calls (`grammar.py`); and
+`tools_constraint`, that grammar compiled for the engine (`api/structured.py`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from inferflux.api.tools.formats import ToolFormat, detect_tool_format
 from inferflux.api.tools.grammar import tool_call_grammar
 from inferflux.api.tools.prompt import prepare_messages
 from inferflux.api.tools.protocol import ToolPlan
+from inferflux.api.structured import OutputConstraint, grammar_constraint
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.protocol import Tokenizer
+from inferflux.errors import InvalidRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +62,20 @@ def _tags_are_tokens(tool_format: ToolFormat, tokenizer: Tokenizer) -> bool:
     return all(
         len(tokenizer.tokenize(tag, add_special=False, parse_special=True)) == 1 for tag in tags
     )
+
+
+async def tools_constraint(
+    tools: ChatTools, output: OutputConstraint | None, compiler: ConstraintCompiler
+) -> OutputConstraint | None:
+    """The engine constraint of a request that may call tools: the compiled grammar of
+    valid calls. Raises InvalidRequest when the request also constrains its output
+    (`response_format` JSON or `grammar`): a reply cannot be both."""
+    if output is not None:
+        raise InvalidRequest(
+            "tools cannot be combined with a JSON response_format or a grammar; send "
+            'tool_choice "none" or leave the tools out',
+            param="tools",
+        )
+    if tools.grammar is None:
+        return None
+    return await grammar_constraint(compiler, tools.grammar, "lark", "tools")
