@@ -42,7 +42,10 @@ def plan_chat_tools(
     against the template. Raises InvalidRequest naming the field at fault (parameter
     schemas are held to the `structured_output.*` bounds first)."""
     plan = resolve_tools(
-        body.tools, body.tool_choice, body.parallel_tool_calls, check_bounds=compiler.check_schema_bounds
+        body.tools,
+        body.tool_choice,
+        body.parallel_tool_calls,
+        check_bounds=compiler.check_schema_bounds,
     )
     return plan_tools(body.template_messages(), plan, template, tokenizer)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferflux.api.structured import OutputConstraint, grammar_constraint
 from inferflux.api.tools.formats import ToolFormat, detect_tool_format
 from inferflux.api.tools.grammar import tool_call_grammar
 from inferflux.api.tools.prompt import prepare_messages
 from inferflux.api.tools.protocol import ToolPlan
-from inferflux.api.structured import OutputConstraint, grammar_constraint
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.protocol import Tokenizer
