@@ -15,7 +15,8 @@ How it reads (for a `ToolFormat` from `formats.py`):
   then parsed; a body that is not valid JSON, names no function or an unknown one, or has
   arguments that are not an object is released as the plain text it was. Malformed output
   is content, never an error.
-- `finish()` releases an unfinished call as plain text (the model ran out of tokens).
+- `finish()` drops an unfinished call (the model ran out of tokens: the finish_reason,
+  `length`, says so) and sets `truncated`: call markup is never returned as content.
 
 The events do not depend on how the text was split into pushes (a property test checks
 this over arbitrary chunkings).
@@ -115,6 +116,7 @@ class ToolCallParser:
         self.format = tool_format
         self.names = frozenset(names) if names is not None else None
         self.num_calls = 0
+        self.truncated = False  # the generation ended inside a call (max_tokens)
         self._buffer = ""
         self._opener: Opener | None = None  # set while inside a call
         self._whitespace = ""  # trailing whitespace of released text, held
@@ -131,16 +133,15 @@ class ToolCallParser:
         return events
 
     def finish(self) -> list[Event]:
-        """Everything still held: an unfinished call as text, and held text."""
+        """Everything still held: held text; an unfinished call is dropped (`truncated`)."""
         events: list[Event] = []
         if self._opener is not None:
-            raw = ("" if self._opener.in_body else self._opener.text) + self._buffer
             self._opener, self._buffer = None, ""
-            events.extend(self._text(raw))
+            self.truncated = True
         elif self._buffer:
             events.extend(self._text(self._buffer))
             self._buffer = ""
-        if self._whitespace and not self.num_calls:
+        if self._whitespace and not (self.num_calls or self.truncated):
             events.append(self._whitespace)
         self._whitespace = ""
         return events

@@ -87,8 +87,8 @@ class ToolPlan:
     """What a request lets the model do with tools.
 
     `functions`: every tool (all are shown to the model); `required`: it must call one;
-    `forced`: the one function it must call (a named tool_choice), else None;
-    `parallel`: it may make several calls in one turn.
+    `forced`: the one function it must call, exactly once (a named tool_choice), else
+    None; `parallel`: it may make several calls in one turn.
     """
 
     functions: tuple[FunctionSpec, ...]
@@ -172,4 +172,7 @@ def resolve_tools(
             param="tool_choice",
         )
     required = forced is not None or tool_choice == "required"
-    return ToolPlan(specs, required, forced, parallel_tool_calls is not False)
+    # NOTE: a named function is called once, as OpenAI does (also keeps small models from
+    # calling it again and again until max_tokens)
+    parallel = parallel_tool_calls is not False and forced is None
+    return ToolPlan(specs, required, forced, parallel)

@@ -45,9 +45,10 @@ def test_unknown_function_names_are_content_when_names_are_given() -> None:
     assert parse_tool_calls(WEATHER, GENERIC, names={"get_weather"})[1]
 
 
-def test_an_unfinished_call_is_released_as_text() -> None:
-    text = 'Sure <tool_call>\n{"name": "get_weather", "argu'
-    assert parse_tool_calls(text, GENERIC) == (text, [])
+def test_an_unfinished_call_is_dropped_not_returned_as_text() -> None:
+    parser = ToolCallParser(GENERIC)
+    events = parser.push('Sure <tool_call>\n{"name": "get_weather", "argu') + parser.finish()
+    assert events == ["Sure"] and parser.truncated
 
 
 def test_arguments_as_a_json_string_are_accepted() -> None:

@@ -36,6 +36,7 @@ def test_auto_required_and_named() -> None:
     assert required is not None and required.required and not required.parallel
     forced = resolve_tools(TOOLS, named("b"), None)
     assert forced is not None and forced.required and forced.names() == {"b"}
+    assert not forced.parallel  # a named function is called once
     assert [f.name for f in forced.functions] == ["a", "b"]  # all are still shown
 
 
