@@ -79,7 +79,7 @@ def test_list_show_ps(client: ollama.Client, model: str) -> None:
     assert shown.modelinfo["general.parameter_count"] == 134_515_008
     assert shown.template and "im_start" in shown.template
     assert shown.parameters and "temperature" in shown.parameters
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]
 
     running = client.ps().models
     assert [m.model for m in running] == [f"{model}:latest"]
