@@ -21,6 +21,13 @@ def tool(name: str = "f", **function: object) -> dict[str, object]:
     return {"type": "function", "function": {"name": name, **function}}
 
 
+def deep_schema(levels: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 def assistant_calls(*calls: object) -> dict[str, object]:
     return {"messages": [{"role": "assistant", "content": None, "tool_calls": list(calls)}]}
 
@@ -102,6 +109,7 @@ CHAT_400 = [
     (chat(tools=[tool()], tool_choice={"type": "function"}), "tool_choice.function"),
     (chat(tools=[tool()], parallel_tool_calls="no"), "parallel_tool_calls"),
     (chat(tools={"f": {}}), "tools"),
+    (chat(tools=[tool(parameters=deep_schema(40))]), "tools[0].function.parameters"),
     (chat(response_format={"type": "xml"}), "response_format"),
     (chat(response_format={"type": "json_object", "schema": 3}), "response_format.schema"),
     (
