@@ -32,6 +32,7 @@ ACCEPTED_IGNORED: dict[str, str] = {
     "service_tier": "OpenAI billing tier; use `priority` to schedule",
     "prompt_cache_key": "OpenAI cache routing hint; the prefix cache needs none",
     "stream_options.include_obfuscation": "InferFlux adds no obfuscation padding",
+    "response_format.json_schema.strict": "the schema is always enforced exactly",
     "modalities": 'only ["text"] (the default) is accepted',
     "function_call": '"none" or "auto" with no functions (legacy; use tool_choice)',
     "functions": "an empty list (legacy; use tools)",
