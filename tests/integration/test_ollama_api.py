@@ -217,7 +217,7 @@ def test_malformed_bodies_and_unknown_routes(http: httpx.Client, model: str) -> 
     for raw in (b"{bad json", b"[]", b""):
         response = http.post("/api/chat", content=raw)
         assert response.status_code == 400 and isinstance(response.json()["error"], str)
-    tools = [{"type": "function", "function": {"name": "f"}}]
+    tools = [{"type": "function"}]  # no function: a malformed tool
     response = http.post("/api/chat", json={"model": model, "messages": USER, "tools": tools})
     assert response.status_code == 400 and "tools" in response.json()["error"]
     response = http.post("/api/show", json={"model": 3})
