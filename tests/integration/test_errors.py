@@ -53,7 +53,7 @@ def test_non_object_body_is_400(client: httpx.Client, raw: bytes) -> None:
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
         ({"messages": USER, "n": 17}, "n"),
-        ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
         ({"messages": USER, "unknown_knob": 1}, "unknown_knob"),
         ({}, "messages"),
     ],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
+import jsonschema
 import pytest
 from openai import OpenAI
 
@@ -56,3 +58,53 @@ def test_streaming_completion_and_model_listing(gemma_server) -> None:
     )
     text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
     assert text.strip()
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_tool_calls_through_the_generic_prompt_and_the_gemma_fallback(gemma_server) -> None:
+    """Gemma's fallback template has no tool support: the generic format describes the
+    tool in the (folded) system turn; a required call is valid under its schema, and the
+    tool result renders back as a user turn for the next answer."""
+    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
+    ask = [{"role": "user", "content": "What is the weather in Lima?"}]
+    first = client.chat.completions.create(
+        model="gemma-3-270m",
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+        temperature=0,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+    history = [
+        *ask,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 19}'},
+    ]
+    second = client.chat.completions.create(
+        model="gemma-3-270m", messages=history, max_tokens=32, temperature=0
+    )
+    baseline = client.chat.completions.create(model="gemma-3-270m", messages=ask, max_tokens=1)
+    assert second.choices[0].message.content
+    assert second.usage and baseline.usage
+    # the call and its result were rendered as text turns of the conversation
+    assert second.usage.prompt_tokens > baseline.usage.prompt_tokens + 20

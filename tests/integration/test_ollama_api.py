@@ -79,7 +79,7 @@ def test_list_show_ps(client: ollama.Client, model: str) -> None:
     assert shown.modelinfo["general.parameter_count"] == 134_515_008
     assert shown.template and "im_start" in shown.template
     assert shown.parameters and "temperature" in shown.parameters
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]
 
     running = client.ps().models
     assert [m.model for m in running] == [f"{model}:latest"]
@@ -217,7 +217,7 @@ def test_malformed_bodies_and_unknown_routes(http: httpx.Client, model: str) -> 
     for raw in (b"{bad json", b"[]", b""):
         response = http.post("/api/chat", content=raw)
         assert response.status_code == 400 and isinstance(response.json()["error"], str)
-    tools = [{"type": "function", "function": {"name": "f"}}]
+    tools = [{"type": "function"}]  # no function: a malformed tool
     response = http.post("/api/chat", json={"model": model, "messages": USER, "tools": tools})
     assert response.status_code == 400 and "tools" in response.json()["error"]
     response = http.post("/api/show", json={"model": 3})

@@ -197,7 +197,8 @@ def test_refused_and_unknown_parameters(client: OpenAI) -> None:
     cases = [
         ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
         ({"response_format": {"type": "xml"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"n": 17}, "n"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"stop": [str(i) for i in range(17)]}, "stop"),

@@ -127,18 +127,30 @@ class ChatTemplate:
             raise ModelLoadError(f"the chat template does not compile: {exc}") from None
         return cls(source, bos_text, eos_text, is_fallback, template)
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, object]] | None = None,
+    ) -> str:
         """The prompt text for `messages` (each a mapping with at least role and content).
+        `tools` (OpenAI tool objects) is passed as the template variable `tools`, as
+        Hugging Face's `apply_chat_template` does; None leaves it undefined.
 
         Raises InvalidRequest (param `messages`) when the template rejects the conversation
         (its `raise_exception`) or fails on it.
         """
+        extra: dict[str, object] = {}
+        if tools is not None:
+            extra["tools"] = [dict(tool) for tool in tools]
         try:
             return self._template.render(
                 messages=[dict(message) for message in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_text,
                 eos_token=self.eos_text,
+                **extra,
             )
         except ChatTemplateError as exc:
             raise InvalidRequest(

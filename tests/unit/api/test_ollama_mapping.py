@@ -138,10 +138,45 @@ def test_stream_defaults_to_true_and_priority_maps() -> None:
     assert OllamaChatRequest.model_validate({"model": "m"}).streaming()
 
 
-def test_chat_messages_refuse_tools_and_images() -> None:
-    tools = OllamaChatRequest.model_validate({"model": "m", "tools": [{"type": "function"}]})
-    with pytest.raises(InvalidRequest, match="tools"):
-        tools.template_messages()
+def test_chat_tools_and_tool_history_map_to_the_template() -> None:
+    with pytest.raises(ValidationError):
+        OllamaChatRequest.model_validate({"model": "m", "tools": [{"type": "function"}]})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = OllamaChatRequest.model_validate(
+        {
+            "model": "m",
+            "tools": [tool],
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}],
+                },
+                {"role": "tool", "content": "4", "tool_name": "f"},
+            ],
+        }
+    )
+    plan = body.tool_plan()
+    assert plan is not None and plan.names() == {"f"} and plan.parallel and not plan.required
+    assistant = body.template_messages()[1]
+    [call] = assistant["tool_calls"]
+    assert call["function"] == {"name": "f", "arguments": {"a": 1}}
+    assert str(call["id"]).startswith("call_")
+    misplaced = OllamaChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}
+            ],
+        }
+    )
+    with pytest.raises(InvalidRequest) as raised:
+        misplaced.template_messages()
+    assert raised.value.param == "messages[0].tool_calls"
+
+
+def test_chat_messages_refuse_images() -> None:
     images = OllamaChatRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}
     )

@@ -17,6 +17,21 @@ def chat(**fields: object) -> dict[str, object]:
     return {"messages": USER, **fields}
 
 
+def tool(name: str = "f", **function: object) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name, **function}}
+
+
+def deep_schema(levels: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def assistant_calls(*calls: object) -> dict[str, object]:
+    return {"messages": [{"role": "assistant", "content": None, "tool_calls": list(calls)}]}
+
+
 CHAT_400 = [
     # (body, param)
     ({}, "messages"),
@@ -74,6 +89,27 @@ CHAT_400 = [
     (chat(model=5), "model"),
     (chat(user=5), "user"),
     (chat(foo=1), "foo"),
+    (chat(tools=[{"type": "function"}]), "tools[0].function"),
+    (chat(tools=[{"type": "fn", "function": {"name": "f"}}]), "tools[0].type"),
+    (chat(tools=[tool("bad name!")]), "tools[0].function.name"),
+    (chat(tools=[tool(description=5)]), "tools[0].function.description"),
+    (chat(tools=[tool(parameters={"type": "string"})]), "tools[0].function.parameters"),
+    (
+        chat(tools=[tool(parameters={"type": "object", "properties": {"a": {"type": "nope"}}})]),
+        "tools[0].function.parameters",
+    ),
+    (chat(tools=[tool(parameters="{}")]), "tools[0].function.parameters"),
+    (chat(tools=[tool(), tool("g"), tool()]), "tools[2].function.name"),
+    (chat(tools=[tool(bogus=1)]), "tools[0].function.bogus"),
+    (chat(tools=[tool()], tool_choice="sometimes"), "tool_choice"),
+    (
+        chat(tools=[tool()], tool_choice={"type": "function", "function": {"name": "g"}}),
+        "tool_choice",
+    ),
+    (chat(tools=[tool()], tool_choice={"type": "function"}), "tool_choice.function"),
+    (chat(tools=[tool()], parallel_tool_calls="no"), "parallel_tool_calls"),
+    (chat(tools={"f": {}}), "tools"),
+    (chat(tools=[tool(parameters=deep_schema(40))]), "tools[0].function.parameters"),
     (chat(response_format={"type": "xml"}), "response_format"),
     (chat(response_format={"type": "json_object", "schema": 3}), "response_format.schema"),
     (
@@ -103,7 +139,8 @@ CHAT_400 = [
     (chat(grammar_syntax="regex"), "grammar_syntax"),
     (chat(grammar="[a-", grammar_syntax="regex"), "grammar"),
     (chat(grammar="start: (", grammar_syntax="lark"), "grammar"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    (chat(tools=[tool()], response_format={"type": "json_object"}), "tools"),
+    (chat(tools=[tool()], tool_choice="required", grammar='root ::= "a"'), "tools"),
     (chat(tool_choice="required"), "tool_choice"),
     (chat(logprobs=1), "logprobs"),
     (chat(top_logprobs=2), "top_logprobs"),
@@ -138,8 +175,39 @@ CHAT_400 = [
     (chat(functions=[{"name": "f"}]), "functions"),
     (chat(modalities=["audio"]), "modalities"),
     (chat(reasoning_effort="high"), "reasoning_effort"),
+    (assistant_calls({"id": "1"}), "messages[0].tool_calls[0].function"),
     (
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+        assistant_calls({"id": "1", "type": "function", "function": {"name": "f"}}),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        assistant_calls(
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}
+        ),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        assistant_calls(
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[]"}}
+        ),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [
+                        {
+                            "id": "1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                }
+            ]
+        },
         "messages[0].tool_calls",
     ),
 ]

@@ -164,7 +164,7 @@ def show_body(serving: ServingState, meta: GgufMetadata) -> dict[str, object]:
         "template": template,
         "details": details(info, meta),
         "model_info": model_info_map(info, meta),
-        "capabilities": ["completion"],
+        "capabilities": ["completion", "tools"],  # tools: every template (generic format)
         "modified_at": rfc3339_nano(info.created * 1_000_000_000),
     }
 

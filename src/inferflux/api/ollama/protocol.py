@@ -24,6 +24,8 @@ from pydantic_core import PydanticCustomError
 
 from inferflux.api.openai.protocol import check_stop_sequences
 from inferflux.api.structured import OutputConstraint, schema_constraint
+from inferflux.api.tools.parser import new_call_id
+from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
@@ -251,6 +253,24 @@ class OllamaGenerateRequest(GenerationBody):
     images: list[str] | None = None
 
 
+class OllamaToolCallFunction(_Body):
+    name: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    index: int | None = None  # accepted, ignored (Ollama numbers the calls of a turn)
+
+
+class OllamaToolCall(_Body):
+    """One call of an assistant message in history (Ollama's shape: arguments as an
+    object)."""
+
+    id: str | None = None
+    function: OllamaToolCallFunction
+
+    def for_template(self) -> dict[str, object]:
+        function = {"name": self.function.name, "arguments": dict(self.function.arguments)}
+        return {"id": self.id or new_call_id(), "type": "function", "function": function}
+
+
 class OllamaMessage(_Body):
     """One message of `/api/chat`."""
 
@@ -258,26 +278,33 @@ class OllamaMessage(_Body):
     content: str | None = None
     thinking: str | None = None  # accepted, ignored
     images: list[str] | None = None
-    tool_calls: list[JsonValue] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
 
     def for_template(self) -> dict[str, object]:
         message: dict[str, object] = {"role": self.role, "content": self.content or ""}
         if self.tool_name is not None:
             message["name"] = self.tool_name
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
         return message
 
 
 class OllamaChatRequest(GenerationBody):
-    """Body of POST /api/chat."""
+    """Body of POST /api/chat. With `tools`, the model may call them (Ollama has no
+    tool_choice: always "auto", several calls allowed)."""
 
     messages: list[OllamaMessage] | None = None
-    tools: list[JsonValue] | None = None
+    tools: list[ToolDefinition] | None = None
+
+    def tool_plan(self, check_bounds: BoundsCheck | None = None) -> ToolPlan | None:
+        """The tools the model may call (None: none); InvalidRequest for bad ones
+        (`check_bounds`: the size and depth limits of parameter schemas)."""
+        return resolve_tools(self.tools, None, None, check_bounds=check_bounds)
 
     def template_messages(self) -> list[dict[str, object]]:
-        """Messages as the chat template sees them; InvalidRequest for images/tool calls."""
-        if self.tools:
-            raise InvalidRequest("tools are not supported yet", param="tools")
+        """Messages as the chat template sees them; InvalidRequest for images and for
+        tool calls on a non-assistant message."""
         messages = self.messages or []
         for index, message in enumerate(messages):
             if message.images:
@@ -285,9 +312,10 @@ class OllamaChatRequest(GenerationBody):
                     "images are not supported: this model reads text only",
                     param=f"messages[{index}].images",
                 )
-            if message.tool_calls:
+            if message.tool_calls and message.role != "assistant":
                 raise InvalidRequest(
-                    "tool calls are not supported yet", param=f"messages[{index}].tool_calls"
+                    "only assistant messages may carry tool_calls",
+                    param=f"messages[{index}].tool_calls",
                 )
         return [message.for_template() for message in messages]
 

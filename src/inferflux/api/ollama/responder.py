@@ -142,9 +142,10 @@ def logprob_items(entries: list[TokenEntry]) -> list[dict[str, object]]:
 
 
 class ResponseShape(Protocol):
-    """One route's objects: a streamed piece, and the last (`done: true`) object."""
+    """One route's objects: a streamed piece (None: nothing to send yet), and the last
+    (`done: true`) object."""
 
-    def piece(self, text: str) -> dict[str, object]: ...
+    def piece(self, text: str) -> dict[str, object] | None: ...
 
     def final(self, text: str, progress: Progress) -> dict[str, object]: ...
 
@@ -205,8 +206,9 @@ class _Lines:
         self.progress.feed(delta)
         entries = self.aligner.push(delta)
         objects = []
-        if delta.text or entries:
-            objects.append(self._with_logprobs(self.shape.piece(delta.text), entries))
+        piece = self.shape.piece(delta.text) if delta.text or entries else None
+        if piece is not None:
+            objects.append(self._with_logprobs(piece, entries))
         if delta.finish_reason is not None:
             objects.append(self._with_logprobs(self.shape.final("", self.progress), []))
         return objects

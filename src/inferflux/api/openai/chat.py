@@ -1,9 +1,10 @@
 """POST /v1/chat/completions: messages → chat template → tokens → n engine requests →
 OpenAI JSON or SSE.
 
-Owns the chat choice shapes (`ChatChoice`). Validation lives in `protocol.py` and
-`compat.py`, the n-choice round trip in `responder.py`, and template rendering in
-`engine/chat_template.py`.
+Owns the plain chat choice shape (`ChatChoice`). Validation lives in `protocol.py` and
+`compat.py`, the n-choice round trip in `responder.py`, template rendering in
+`engine/chat_template.py`, and tool calling (prompt, grammar, `tool_calls` shapes) in
+`chat_tools.py` over `api/tools/`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferflux.api.deps import ChatBody, ServingDep
+from inferflux.api.openai.chat_tools import ToolChatChoice, plan_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
 from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
 from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
-from inferflux.api.openai.responder import Choice, Responder, build_choices
+from inferflux.api.openai.responder import Choice, ChoiceRenderer, Responder, build_choices
+from inferflux.api.tools import tools_constraint
 from inferflux.engine.messages import RequestDelta
 
 router = APIRouter(tags=["openai"])
@@ -42,12 +45,12 @@ class ChatChoice:
     def opening(self) -> dict[str, object] | None:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> dict[str, object]:
+    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
         logprobs = chat_logprobs(entries) if self.logprobs else None
-        return self._chunk({"content": text}, None, logprobs)
+        return [self._chunk({"content": text}, None, logprobs)]
 
-    def finish(self, finish_reason: str) -> dict[str, object]:
-        return self._chunk({}, finish_reason)
+    def finish(self, finish_reason: str) -> list[dict[str, object]]:
+        return [self._chunk({}, finish_reason)]
 
     def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
         return {
@@ -63,9 +66,12 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
+    tools = plan_chat_tools(body, serving.chat_template, serving.tokenizer, serving.constraints)
     output = await output_constraint(body, serving.constraints)
+    if tools.plan is not None:
+        output = await tools_constraint(tools, output, serving.constraints)
     token_ids = await tokenize_chat(
-        serving.tokenizer, serving.chat_template, body.template_messages()
+        serving.tokenizer, serving.chat_template, tools.messages, tools=tools.template_tools
     )
     response_id, choices = build_choices(
         "chatcmpl",
@@ -83,8 +89,13 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
         include_usage=body.include_usage(),
     )
 
-    def make_renderer(choice: Choice, first: RequestDelta) -> ChatChoice:
-        return ChatChoice(choice.index, logprobs=bool(body.logprobs))
+    def make_renderer(choice: Choice, first: RequestDelta) -> ChoiceRenderer:
+        logprobs = bool(body.logprobs)
+        if tools.plan is None:
+            return ChatChoice(choice.index, logprobs=logprobs)
+        return ToolChatChoice(
+            choice.index, logprobs=logprobs, tool_format=tools.tool_format, plan=tools.plan
+        )
 
     responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer, output)
     return await responder.respond(request, serving.engine, stream=bool(body.stream))

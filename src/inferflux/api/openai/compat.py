@@ -2,13 +2,15 @@
 
 Owns the one list of accepted-and-ignored hints (`ACCEPTED_IGNORED`, also the table in
 docs/api.md) and `reject_unsupported`, the one function that refuses features that would
-change the output if honoured: tools, audio, best_of > n... A parameter
+change the output if honoured: the legacy functions, audio, best_of > n... A parameter
 is ignored only when OpenAI documents it as an optional hint whose absence cannot change
 what the model generates; anything that constrains the output is either honoured or
 refused with a 400 naming it. Nothing is silently dropped.
 
-Replace the matching entry of `_UNSUPPORTED` when a feature lands (tools are another
-issue; structured output, `response_format`, is honoured: `api/structured.py`).
+Replace the matching entry of `_UNSUPPORTED` when a feature lands. Honoured elsewhere:
+structured output, `response_format` (`api/structured.py`), and tools, `tools` /
+`tool_choice` / `parallel_tool_calls` (`api/tools/`); the legacy `functions` /
+`function_call` stay refused.
 """
 
 from __future__ import annotations
@@ -29,13 +31,11 @@ ACCEPTED_IGNORED: dict[str, str] = {
     "store": "whether OpenAI stores the completion; InferFlux never does",
     "service_tier": "OpenAI billing tier; use `priority` to schedule",
     "prompt_cache_key": "OpenAI cache routing hint; the prefix cache needs none",
-    "parallel_tool_calls": "only meaningful with tools, which are refused",
     "stream_options.include_obfuscation": "InferFlux adds no obfuscation padding",
     "response_format.json_schema.strict": "the schema is always enforced exactly",
     "modalities": 'only ["text"] (the default) is accepted',
-    "tool_choice": '"none" or "auto" with no tools (nothing to choose from)',
-    "function_call": '"none" or "auto" with no functions',
-    "tools / functions": "an empty list (no tools)",
+    "function_call": '"none" or "auto" with no functions (legacy; use tool_choice)',
+    "functions": "an empty list (legacy; use tools)",
     "best_of": "only equal to n (each choice is already its own sample)",
     "suffix": 'only "" (no insertion)',
 }
@@ -47,12 +47,10 @@ def _is_none_or(*allowed: object) -> Callable[[object], bool]:
 
 # name → (is acceptable, why it is refused otherwise)
 _Check = tuple[Callable[[object], bool], str]
-_TOOLS = "tool calling is not supported yet"
+_FUNCTIONS = "the legacy functions / function_call parameters are not supported; use tools"
 _CHAT_UNSUPPORTED: dict[str, _Check] = {
-    "tools": (lambda v: not v, _TOOLS),
-    "tool_choice": (_is_none_or("none", "auto"), _TOOLS),
-    "functions": (lambda v: not v, _TOOLS),
-    "function_call": (_is_none_or("none", "auto"), _TOOLS),
+    "functions": (lambda v: not v, _FUNCTIONS),
+    "function_call": (_is_none_or("none", "auto"), _FUNCTIONS),
     "modalities": (lambda v: v is None or v == ["text"], "this server generates text only"),
     "audio": (_is_none_or(), "audio output is not supported"),
     "prediction": (_is_none_or(), "predicted outputs are not supported"),

@@ -69,11 +69,11 @@ class CompletionChoice:
             return None
         return self._choice(self.echo, self.echo_entries, None)
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> dict[str, object]:
-        return self._choice(text, entries, None)
+    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
+        return [self._choice(text, entries, None)]
 
-    def finish(self, finish_reason: str) -> dict[str, object]:
-        return {"text": "", "index": self.index, "logprobs": None, "finish_reason": finish_reason}
+    def finish(self, finish_reason: str) -> list[dict[str, object]]:
+        return [{"text": "", "index": self.index, "logprobs": None, "finish_reason": finish_reason}]
 
     def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
         if self.echo is not None:

@@ -119,10 +119,12 @@ async def tokenize_chat(
     *,
     add_generation_prompt: bool = True,
     add_special: bool | None = None,
+    tools: list[dict[str, object]] | None = None,
 ) -> list[int]:
-    """Token ids of `messages` rendered by the chat template. By default BOS is added
-    unless the rendered text already starts with it (`add_special` overrides)."""
-    text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    """Token ids of `messages` rendered by the chat template (with `tools`, for templates
+    that render tools themselves). By default BOS is added unless the rendered text
+    already starts with it (`add_special` overrides)."""
+    text = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     if add_special is None:
         bos = tokenizer.bos_text
         add_special = not (bos and text.startswith(bos))

@@ -12,6 +12,7 @@ fields are refused, so a typo never silently becomes a default.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Self
 
 from pydantic import (
@@ -27,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from inferflux.api.tools.protocol import AssistantToolCall, ToolChoice, ToolDefinition
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
@@ -145,7 +147,7 @@ class ChatMessage(_Strict):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[JsonValue] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
     refusal: str | None = None
 
     @model_validator(mode="after")
@@ -164,25 +166,45 @@ class ChatMessage(_Strict):
             return self.content
         return "\n".join(part.text or "" for part in self.content)
 
-    def for_template(self) -> dict[str, object]:
-        """The message as a chat template sees it (`developer` renders as `system`)."""
+    def for_template(self, param: str = "messages") -> dict[str, object]:
+        """The message as a chat template sees it (`developer` renders as `system`;
+        `tool_calls` in Hugging Face's shape, arguments as objects). Raises InvalidRequest
+        for tool calls on a non-assistant message or arguments that are not JSON objects."""
         role = "system" if self.role == "developer" else self.role
         message: dict[str, object] = {"role": role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise InvalidRequest(
+                    "only assistant messages may carry tool_calls", param=f"{param}.tool_calls"
+                )
+            message["tool_calls"] = [
+                _template_call(call, f"{param}.tool_calls[{i}]")
+                for i, call in enumerate(self.tool_calls)
+            ]
         return message
 
 
+def _template_call(call: AssistantToolCall, param: str) -> dict[str, object]:
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise InvalidRequest(
+            "tool call arguments must be a JSON object encoded as a string",
+            param=f"{param}.function.arguments",
+        )
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": "function", "function": function}
+
+
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
-    """Messages as the chat template sees them. Raises InvalidRequest for tool calls."""
-    for index, message in enumerate(messages):
-        if message.tool_calls:
-            raise InvalidRequest(
-                "tool calls are not supported yet", param=f"messages[{index}].tool_calls"
-            )
-    return [message.for_template() for message in messages]
+    """Messages as the chat template sees them (see `ChatMessage.for_template`)."""
+    return [message.for_template(f"messages[{i}]") for i, message in enumerate(messages)]
 
 
 def derive_seed(seed: int | None, choice: int) -> int | None:
@@ -307,14 +329,14 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    # OpenAI hints: accepted and ignored (compat.ACCEPTED_IGNORED says why).
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI hints: accepted and ignored (compat.ACCEPTED_IGNORED says why).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # Checked by compat.reject_unsupported: refused unless absent or harmless.
     modalities: JsonValue = None
-    tools: JsonValue = None
-    tool_choice: JsonValue = None
     functions: JsonValue = None
     function_call: JsonValue = None
     audio: JsonValue = None
@@ -342,7 +364,7 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def template_messages(self) -> list[dict[str, object]]:
-        """Messages as the chat template sees them. Raises InvalidRequest for tool calls."""
+        """Messages as the chat template sees them (see `ChatMessage.for_template`)."""
         return template_messages(self.messages)
 
 

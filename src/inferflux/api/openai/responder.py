@@ -98,12 +98,13 @@ class ChoiceRenderer(Protocol):
         """The choice's first streamed chunk (chat: the role), or None."""
         ...
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> dict[str, object]:
-        """A streamed chunk: new text and the logprob entries released with it."""
+    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
+        """Streamed chunks for new text and the logprob entries released with it (usually
+        one; none while text is held back, several for tool calls)."""
         ...
 
-    def finish(self, finish_reason: str) -> dict[str, object]:
-        """The streamed chunk that ends the choice."""
+    def finish(self, finish_reason: str) -> list[dict[str, object]]:
+        """The streamed chunks that end the choice (the last carries the finish_reason)."""
         ...
 
     def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
@@ -261,14 +262,17 @@ class Responder:
 
     def _delta_events(self, run: _Run, delta: RequestDelta) -> list[bytes]:
         check_delta(delta)
-        events = []
+        events: list[bytes] = []
         entries = run.aligner.push(delta)
         if delta.text or entries:
-            events.append(self.envelope.chunk([run.renderer.piece(delta.text, entries)]))
+            pieces = run.renderer.piece(delta.text, entries)
+            events.extend(self.envelope.chunk([piece]) for piece in pieces)
             if self._checks_json:
                 run.parts.append(delta.text)
         if delta.finish_reason is not None:
             run.last = delta
             finish_reason, extra = self._outcome(run)
-            events.append(self.envelope.chunk([{**run.renderer.finish(finish_reason), **extra}]))
+            *endings, last = run.renderer.finish(finish_reason)
+            events.extend(self.envelope.chunk([ending]) for ending in endings)
+            events.append(self.envelope.chunk([{**last, **extra}]))
         return events

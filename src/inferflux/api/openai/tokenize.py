@@ -17,6 +17,7 @@ from inferflux.api.deps import ServingDep, json_body
 from inferflux.api.openai.generation import check_model, check_token_ids, tokenize, tokenize_chat
 from inferflux.api.openai.logprobs import TokenTexts
 from inferflux.api.openai.protocol import DetokenizeRequest, TokenizeRequest, template_messages
+from inferflux.api.tools import detect_tool_format, prepare_messages
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -36,10 +37,15 @@ async def tokenize_text(body: TokenizeBody, serving: ServingDep) -> dict[str, ob
             serving.tokenizer, body.prompt, add_special=True if add_special is None else add_special
         )
     else:
+        # tool history renders as in a chat request without tools (api/tools/prompt.py)
+        tool_format = detect_tool_format(
+            serving.chat_template.source, is_fallback=serving.chat_template.is_fallback
+        )
+        messages, _ = prepare_messages(template_messages(body.messages or []), tool_format, None)
         token_ids = await tokenize_chat(
             serving.tokenizer,
             serving.chat_template,
-            template_messages(body.messages or []),
+            messages,
             add_generation_prompt=body.add_generation_prompt,
             add_special=add_special,
         )
