@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from llguidance import LLMatcher
+
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
@@ -58,8 +60,10 @@ class FakeTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id - 3]) if 3 <= token_id < 259 else b""
 
-    def grammar_error(self, grammar: str) -> str | None:
-        return None if "root" in grammar else "fake: no root rule"
+    def constraint_error(self, grammar: str) -> str | None:
+        """llguidance's own check without a vocabulary (the fake has none to index)."""
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        return messages[0] if is_error else None
 
 
 class FakePieceTokenizer(FakeTokenizer):

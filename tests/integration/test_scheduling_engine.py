@@ -1,4 +1,5 @@
-"""Prefix cache, priorities, queue timeouts, logprobs and grammars on the real engine.
+"""Prefix cache, priorities, queue timeouts and logprobs on the real engine (grammars:
+test_constrained_engine.py).
 
 EngineCore with the llama.cpp backend and SmolLM2, driven step by step (no transport).
 """
@@ -253,39 +254,3 @@ def test_logprobs_of_sampled_tokens_and_of_the_prompt(
     )
     assert all(s is not None and s.logprob <= 0 and len(s.top) == 2 for s in scored[1:])
     assert deltas[-1].num_cached_tokens == 0  # prompt logprobs bypass the cache
-
-
-def test_a_gbnf_grammar_constrains_the_output(core: EngineCore, tokenizer: LlamaTokenizer) -> None:
-    grammar = 'root ::= ("yes" | "no") "."'
-    submit(core, tokenizer, "g", chat("Is the sky green?"), max_tokens=8, grammar=grammar)
-    deltas = drain(core)["g"]
-    assert "".join(d.text for d in deltas) in ("yes.", "no.")
-    assert deltas[-1].finish_reason is FinishReason.STOP
-
-
-def test_an_invalid_grammar_is_refused_without_queuing(
-    core: EngineCore, tokenizer: LlamaTokenizer
-) -> None:
-    assert tokenizer.grammar_error("root ::= (") is not None
-    assert tokenizer.grammar_error('root ::= "a"') is None
-    ids = tokenizer.tokenize("hi", add_special=True, parse_special=True)
-    (delta,) = core.add_request(
-        AddRequest(
-            request_id="bad-grammar",
-            prompt_token_ids=ids,
-            sampling=SamplingParams(max_tokens=4, grammar="root ::= ("),
-        )
-    )
-    assert delta.finish_reason is FinishReason.ERROR and "grammar" in (delta.error or "")
-    # deep nesting would overflow llama.cpp's recursive parser: refused before it parses
-    deep = "root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000  # under the size cap
-    (delta,) = core.add_request(
-        AddRequest(
-            request_id="deep-grammar",
-            prompt_token_ids=ids,
-            sampling=SamplingParams(max_tokens=4, grammar=deep),
-        )
-    )
-    assert delta.finish_reason is FinishReason.ERROR and "groups" in (delta.error or "")
-    assert tokenizer.grammar_error(deep) is not None
-    assert not core.has_work()

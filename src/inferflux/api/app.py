@@ -31,6 +31,7 @@ from inferflux.api.openai import chat, completions, embeddings, models, tokenize
 from inferflux.api.openapi import install_openapi
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
 
@@ -58,6 +59,7 @@ def create_app(
         tokenizer=tokenizer,
         model_info=model_info,
         chat_template=chat_template,
+        constraints=ConstraintCompiler(tokenizer.constraint_error, grammar_limits(settings)),
         system_fingerprint=system_fingerprint(model_info),
         started_at=time.monotonic(),
     )

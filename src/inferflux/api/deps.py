@@ -18,6 +18,7 @@ from inferflux.api.errors import invalid_request_from
 from inferflux.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -32,6 +33,7 @@ class ServingState:
     tokenizer: Tokenizer
     model_info: ModelInfo
     chat_template: ChatTemplate
+    constraints: ConstraintCompiler  # response_format / grammar → llguidance grammars
     system_fingerprint: str
     started_at: float  # time.monotonic() when the app was built
 

@@ -202,6 +202,32 @@ class SchedulerSettings(_Section):
         return self
 
 
+class StructuredOutputSettings(_Section):
+    max_schema_bytes: int = Field(
+        64 * 1024,
+        ge=256,
+        le=16 * 1024 * 1024,
+        description="Largest JSON schema (response_format, Ollama format) accepted; larger "
+        "ones get 400.",
+    )
+    max_schema_depth: int = Field(
+        32, ge=2, le=1024, description="Deepest nesting of objects and arrays in a JSON schema."
+    )
+    max_grammar_chars: int = Field(
+        64 * 1024,
+        ge=256,
+        le=16 * 1024 * 1024,
+        description="Longest `grammar` (GBNF or Lark) or regex accepted; longer ones get 400.",
+    )
+    max_grammar_size: int = Field(
+        200_000,
+        ge=1_000,
+        le=10_000_000,
+        description="llguidance's budget of grammar symbols after compilation; a schema or "
+        "grammar that compiles larger gets 400.",
+    )
+
+
 class ObservabilitySettings(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest log level printed."
@@ -221,6 +247,9 @@ class Settings(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)  # type: ignore[arg-type]
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
+    structured_output: StructuredOutputSettings = Field(
+        default_factory=StructuredOutputSettings  # type: ignore[arg-type]
+    )
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings  # type: ignore[arg-type]
     )

@@ -65,7 +65,7 @@ def sampler_spec(params: SamplingParams) -> SamplerSpec:
         penalty_last_n=params.penalty_last_n,
         logit_bias=tuple(sorted(params.logit_bias.items())),
         ignore_eos=params.ignore_eos,
-        grammar=params.grammar,
+        constraint=params.constraint,
     )
 
 
@@ -247,6 +247,8 @@ class EngineCore:
             text, matched = state.stop.push(state.detokenizer.push(self.backend.piece(token)))
             if matched is not None:
                 finish = FinishReason.STOP_SEQUENCE
+            elif state.sampler.constraint_complete:
+                finish = FinishReason.STOP
             elif len(request.output_token_ids) >= request.max_tokens:
                 finish = FinishReason.LENGTH
         delta = (

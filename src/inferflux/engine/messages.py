@@ -66,7 +66,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     # None = off; k >= 0 = the logprob of every prompt token after the first, plus top k
     prompt_logprobs: int | None = None
-    grammar: str | None = None  # GBNF (llama.cpp grammar syntax), root rule `root`
+    # An llguidance grammar (engine/grammar.py compiles JSON schemas, GBNF, Lark and
+    # regexes into one), enforced token by token; None = unconstrained. The request
+    # finishes (STOP) as soon as the grammar is complete.
+    constraint: str | None = None
 
 
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):

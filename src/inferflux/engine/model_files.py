@@ -14,6 +14,7 @@ from pathlib import Path
 
 from inferflux.config.settings import Settings
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
+from inferflux.engine.grammar import grammar_limits
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelLoadError
 
@@ -57,7 +58,7 @@ def load_served_model(settings: Settings) -> tuple[ModelInfo, LlamaTokenizer]:
     Raises ModelLoadError with the path and the fix when the file is missing or invalid.
     """
     path = resolve_model_path(settings)
-    tokenizer = LlamaTokenizer(str(path))
+    tokenizer = LlamaTokenizer(str(path), grammar_limits(settings))
     n_ctx = settings.model.ctx_size or min(
         tokenizer.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX
     )

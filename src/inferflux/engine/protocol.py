@@ -74,8 +74,10 @@ class Tokenizer(Protocol):
         """The raw bytes of one token (may be part of a UTF-8 character; b"" if special)."""
         ...
 
-    def grammar_error(self, grammar: str) -> str | None:
-        """None when `grammar` (GBNF, root rule `root`) compiles, else why it does not."""
+    def constraint_error(self, grammar: str) -> str | None:
+        """None when the engine can enforce `grammar` (an llguidance grammar from
+        engine/grammar.py) over this vocabulary, else why not. May take up to a few hundred
+        ms for a large grammar (and about 1 s the first time, to index the vocabulary)."""
         ...
 
 

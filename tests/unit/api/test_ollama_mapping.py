@@ -14,15 +14,17 @@ from inferflux.api.ollama.protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaOptions,
-    check_format,
+    format_constraint,
     parse_keep_alive,
     requested_max_tokens,
     sampling_params,
 )
 from inferflux.api.ollama.responder import Progress, done_reason, rfc3339_nano
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import FinishReason, RequestDelta
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import EngineError, InvalidRequest, ModelNotFound, QueueTimeout
+from tests.fakes.engine import FakeTokenizer
 
 
 def _info(model_id: str = "smol") -> ModelInfo:
@@ -156,14 +158,22 @@ def test_chat_messages_refuse_tools_and_images() -> None:
     assert empty_tools.template_messages() == [{"role": "tool", "content": "4", "name": "f"}]
 
 
-def test_format_is_refused_until_structured_output() -> None:
-    check_format(None)
-    check_format("")
-    for value in ("json", {"type": "object"}):
-        with pytest.raises(InvalidRequest, match="not supported yet"):
-            check_format(value)
-    with pytest.raises(InvalidRequest, match="expected"):
-        check_format("xml")
+async def test_format_maps_to_a_json_constraint() -> None:
+    compiler = ConstraintCompiler(FakeTokenizer().constraint_error)
+    assert await format_constraint(None, compiler) is None
+    assert await format_constraint("", compiler) is None
+    any_object = await format_constraint("json", compiler)
+    assert any_object is not None
+    assert any_object.check('{"a": 1}') is None and any_object.check("[1]") is not None
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    typed = await format_constraint(schema, compiler)
+    assert typed is not None and typed.grammar != any_object.grammar
+    assert typed.check('{"n": 3}') is None and typed.check('{"n": "3"}') is not None
+    with pytest.raises(InvalidRequest, match="expected") as refused:
+        await format_constraint("xml", compiler)
+    assert refused.value.param == "format"
+    with pytest.raises(InvalidRequest, match="invalid JSON schema"):
+        await format_constraint({"type": "nonsense"}, compiler)
 
 
 def test_rfc3339_nano_like_go() -> None:

@@ -7,16 +7,15 @@ import httpx
 import pytest
 
 from inferflux.api.openai.compat import ACCEPTED_IGNORED
-from inferflux.api.openai.generation import check_grammar
 from inferflux.api.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     StreamOptions,
     derive_seed,
 )
-from inferflux.engine.backends.llama_cpp import grammar_limit_error
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import FinishReason, Priority
-from inferflux.errors import EngineDeadError, QueueFull, QueueTimeout
+from inferflux.errors import EngineDeadError, InvalidRequest, QueueFull, QueueTimeout
 from tests.fakes.engine import FAKE_BOS, FakeEngineClient, FakeTokenizer
 from tests.openai_envelope import assert_envelope
 from tests.unit.api.test_routes import sse_payloads
@@ -179,7 +178,7 @@ async def test_priority_and_extras_reach_the_engine(
     assert (await client.post("/v1/completions", json=body)).status_code == 200
     request = engine.requests[0]
     assert request.priority is Priority(expected)
-    assert request.sampling.grammar == "root ::= [a-z]+" and request.sampling.top_k == 3
+    assert request.sampling.constraint is not None and request.sampling.top_k == 3
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -324,16 +323,18 @@ async def test_tokenizer_routes_refuse_bad_input(
 @pytest.mark.parametrize(
     "grammar",
     [
-        "root ::= " + "(" * 2049 + '"a"' + ")" * 2049,  # would overflow llama.cpp's parser stack
-        'root ::= "' + "(" * 3000 + '"',  # counted even inside a literal: a safe upper bound
-        "root ::= x\n" + "# " + "a" * 65_536,
+        "root ::= " + "(" * 2049 + '"a"' + ")" * 2049,  # deep: refused, the process lives
+        "root ::= " + "(" * 40_000 + '"a"' + ")" * 40_000,  # overflowed llama.cpp's parser
+        "root ::= x\n" + "# " + "a" * 65_536,  # over structured_output.max_grammar_chars
     ],
 )
 def test_grammar_size_and_nesting_are_bounded(grammar: str) -> None:
-    # the tokenizer (and the worker's sampler) apply these bounds before llama.cpp parses
-    assert grammar_limit_error(grammar) is not None
+    compiler = ConstraintCompiler(FakeTokenizer().constraint_error)
+    with pytest.raises(InvalidRequest) as refused:
+        compiler.gbnf(grammar, param="grammar")
+    assert refused.value.param == "grammar"
 
 
 def test_reasonable_grammar_passes_the_bounds() -> None:
-    assert grammar_limit_error('root ::= ("a" | "b")+ ' + "(" * 100 + '"c"' + ")" * 100) is None
-    check_grammar('root ::= ("a" | "b")+ ' + "(" * 100 + '"c"' + ")" * 100, FakeTokenizer())
+    compiler = ConstraintCompiler(FakeTokenizer().constraint_error)
+    assert compiler.gbnf('root ::= ("a" | "b")+ ' + "(" * 100 + '"c"' + ")" * 100, param="g")

@@ -74,7 +74,35 @@ CHAT_400 = [
     (chat(model=5), "model"),
     (chat(user=5), "user"),
     (chat(foo=1), "foo"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(response_format={"type": "xml"}), "response_format"),
+    (chat(response_format={"type": "json_object", "schema": 3}), "response_format.schema"),
+    (
+        chat(response_format={"type": "json_object", "schema": {"type": 5}}),
+        "response_format.schema",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
+        "response_format.json_schema.name",
+    ),
+    (
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"a": {"type": "string", "format": "bogus"}},
+                    },
+                },
+            }
+        ),
+        "response_format.json_schema.schema",
+    ),
+    (chat(response_format={"type": "json_object"}, grammar='root ::= "a"'), "grammar"),
+    (chat(grammar_syntax="regex"), "grammar_syntax"),
+    (chat(grammar="[a-", grammar_syntax="regex"), "grammar"),
+    (chat(grammar="start: (", grammar_syntax="lark"), "grammar"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (chat(tool_choice="required"), "tool_choice"),
     (chat(logprobs=1), "logprobs"),
@@ -87,7 +115,10 @@ CHAT_400 = [
     (chat(grammar=5), "grammar"),
     (chat(priority="urgent"), "priority"),
     (chat(priority=1), "priority"),
-    (chat(response_format={"type": "json_schema", "json_schema": {}}), "response_format"),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {}}),
+        "response_format.json_schema.name",
+    ),
     (chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
     (chat(audio={"voice": "alloy", "format": "mp3"}), "audio"),
     (chat(prediction={"type": "content", "content": "x"}), "prediction"),
@@ -148,7 +179,7 @@ COMPLETION_400 = [
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "logprobs": -1}, "logprobs"),
     ({"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"prompt": "x", "grammar": "nope"}, "grammar"),
     ({"prompt": "x", "priority": "HIGH"}, "priority"),
     ({"prompt": "x", "tools": []}, "tools"),

@@ -3,9 +3,10 @@
 Owns the chat object shape (`message: {role: "assistant", content}`). Messages (roles
 system, user, assistant, tool) render through the model's chat template
 (`engine/chat_template.py`). Refused with a 400: `tools` and messages with `tool_calls`
-(not supported yet), `images` (text-only models), `format` (until structured output
-lands). An empty `messages` list is Ollama's load request (`done_reason` "load", or
-"unload" with `keep_alive: 0`; the model stays resident either way).
+(not supported yet), `images` (text-only models). `format` ("json" or a JSON schema)
+constrains the output (`protocol.format_constraint`). An empty `messages` list is
+Ollama's load request (`done_reason` "load", or "unload" with `keep_alive: 0`; the model
+stays resident either way).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from starlette.responses import Response
 from inferflux.api.deps import ServingDep, json_body
 from inferflux.api.ollama.generate import load_response
 from inferflux.api.ollama.models import resolve_model
-from inferflux.api.ollama.protocol import OllamaChatRequest, check_format
+from inferflux.api.ollama.protocol import OllamaChatRequest, format_constraint
 from inferflux.api.ollama.responder import (
     Progress,
     build_request,
@@ -66,9 +67,16 @@ async def chat(request: Request, body: ChatBody, serving: ServingDep) -> Respons
     progress = Progress(started_ns=time.monotonic_ns())
     model = resolve_model(body.model, serving.model_info)
     messages = body.template_messages()
-    check_format(body.format)
+    output = await format_constraint(body.format, serving.constraints)
     if not messages:
         return json_response(load_response(model, body.keep_alive_s(), message=True))
     token_ids = await tokenize_chat(serving.tokenizer, serving.chat_template, messages)
-    add = build_request("ollama-chat", body, token_ids, serving.model_info, "messages")
+    add = build_request(
+        "ollama-chat",
+        body,
+        token_ids,
+        serving.model_info,
+        "messages",
+        output.grammar if output else None,
+    )
     return await respond(request, serving, add, ChatShape(model), progress, stream=body.streaming())

@@ -6,8 +6,9 @@ the last object: the prompt's token ids followed by every generated token id, so
 can continue from it), and the load/unload answers for an empty prompt.
 
 Refused with a 400: `images` (text-only models), `suffix` (no fill-in-the-middle),
-`template` (Ollama's Go templates; InferFlux renders the model's Jinja chat template) and
-`format` (until structured output lands: `protocol.check_format`). `think` is ignored.
+`template` (Ollama's Go templates; InferFlux renders the model's Jinja chat template).
+`format` ("json" or a JSON schema) constrains the output (`protocol.format_constraint`).
+`think` is ignored.
 `keep_alive` is accepted: the model stays resident whatever it says (no unloading yet).
 """
 
@@ -21,7 +22,7 @@ from starlette.responses import Response
 
 from inferflux.api.deps import ServingDep, ServingState, json_body
 from inferflux.api.ollama.models import resolve_model
-from inferflux.api.ollama.protocol import OllamaGenerateRequest, check_format
+from inferflux.api.ollama.protocol import OllamaGenerateRequest, format_constraint
 from inferflux.api.ollama.responder import (
     Progress,
     build_request,
@@ -82,7 +83,6 @@ def check_supported(body: OllamaGenerateRequest) -> None:
             "raw=true with a fully formatted prompt instead",
             param="template",
         )
-    check_format(body.format)
 
 
 async def prompt_token_ids(body: OllamaGenerateRequest, serving: ServingState) -> list[int]:
@@ -108,9 +108,17 @@ async def generate(request: Request, body: GenerateBody, serving: ServingDep) ->
     progress = Progress(started_ns=time.monotonic_ns())
     model = resolve_model(body.model, serving.model_info)
     check_supported(body)
+    output = await format_constraint(body.format, serving.constraints)
     if not body.prompt:
         return json_response(load_response(model, body.keep_alive_s(), message=False))
     token_ids = await prompt_token_ids(body, serving)
-    add = build_request("ollama-gen", body, token_ids, serving.model_info, "prompt")
+    add = build_request(
+        "ollama-gen",
+        body,
+        token_ids,
+        serving.model_info,
+        "prompt",
+        output.grammar if output else None,
+    )
     shape = GenerateShape(model, token_ids)
     return await respond(request, serving, add, shape, progress, stream=body.streaming())

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from pydantic_core import PydanticCustomError
 
 from inferflux.api.openai.protocol import check_stop_sequences
+from inferflux.api.structured import OutputConstraint, schema_constraint
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
@@ -171,10 +173,16 @@ def requested_max_tokens(options: OllamaOptions | None) -> int | None:
 
 
 def sampling_params(
-    options: OllamaOptions | None, *, max_tokens: int, n_ctx: int, logprobs: int | None = None
+    options: OllamaOptions | None,
+    *,
+    max_tokens: int,
+    n_ctx: int,
+    logprobs: int | None = None,
+    constraint: str | None = None,
 ) -> SamplingParams:
     """The engine's sampling for Ollama `options`, Ollama's defaults for what is unset.
-    `logprobs`: None, or how many alternatives each sampled token reports."""
+    `logprobs`: None, or how many alternatives each sampled token reports; `constraint`:
+    the compiled `format`."""
     o = options or OllamaOptions()
     repeat_last_n = DEFAULT_REPEAT_LAST_N if o.repeat_last_n is None else o.repeat_last_n
     repeat_penalty = DEFAULT_REPEAT_PENALTY if o.repeat_penalty is None else o.repeat_penalty
@@ -191,6 +199,7 @@ def sampling_params(
         penalty_last_n=n_ctx if repeat_last_n < 0 else repeat_last_n,
         stop=o.stop_list(),
         logprobs=logprobs,
+        constraint=constraint,
     )
 
 
@@ -314,15 +323,16 @@ class OllamaEmbeddingsRequest(_Body):
     keep_alive: KeepAlive | None = None
 
 
-def check_format(format_: JsonValue) -> None:
-    """`format` ("json" or a JSON schema) is refused until structured output maps it to a
-    grammar. NOTE: the one place to replace when that lands."""
+async def format_constraint(
+    format_: JsonValue, compiler: ConstraintCompiler
+) -> OutputConstraint | None:
+    """The constraint Ollama's `format` asks for: "json" (any JSON object) or a JSON
+    schema; None when absent. Raises InvalidRequest (400) for anything else, or a schema
+    that is invalid or cannot be enforced (api/structured.py)."""
     if format_ is None or format_ == "":
-        return
-    if format_ != "json" and not isinstance(format_, dict):
-        raise InvalidRequest(
-            'invalid format: expected "json" or a JSON schema object', param="format"
-        )
-    raise InvalidRequest(
-        "format (JSON mode and JSON schemas) is not supported yet; leave it out", param="format"
-    )
+        return None
+    if format_ == "json":
+        return await schema_constraint(compiler, None, "format")
+    if isinstance(format_, dict):
+        return await schema_constraint(compiler, format_, "format")
+    raise InvalidRequest('invalid format: expected "json" or a JSON schema object', param="format")

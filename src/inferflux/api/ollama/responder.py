@@ -150,10 +150,16 @@ class ResponseShape(Protocol):
 
 
 def build_request(
-    prefix: str, body: GenerationBody, token_ids: list[int], model_info: ModelInfo, param: str
+    prefix: str,
+    body: GenerationBody,
+    token_ids: list[int],
+    model_info: ModelInfo,
+    param: str,
+    constraint: str | None = None,
 ) -> AddRequest:
-    """The engine request. `num_predict` is clamped to what the context leaves (Ollama
-    never fails for it); raises ContextLengthExceeded when the prompt fills the context."""
+    """The engine request (`constraint`: the compiled `format`). `num_predict` is clamped
+    to what the context leaves (Ollama never fails for it); raises ContextLengthExceeded
+    when the prompt fills the context."""
     if not token_ids:
         raise InvalidRequest("the prompt is empty", param=param)
     n_ctx = model_info.n_ctx
@@ -162,7 +168,11 @@ def build_request(
         requested = min(requested, max(n_ctx - len(token_ids), 1))
     max_tokens = resolve_max_tokens(len(token_ids), requested, n_ctx, param)
     sampling = sampling_params(
-        body.options, max_tokens=max_tokens, n_ctx=n_ctx, logprobs=body.num_logprobs()
+        body.options,
+        max_tokens=max_tokens,
+        n_ctx=n_ctx,
+        logprobs=body.num_logprobs(),
+        constraint=constraint,
     )
     return AddRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex}",

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from inferflux.api.deps import ChatBody, ServingDep
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
-from inferflux.api.openai.generation import check_grammar, check_model, tokenize_chat
+from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
 from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
 from inferflux.api.openai.responder import Choice, Responder, build_choices
 from inferflux.engine.messages import RequestDelta
@@ -63,12 +63,17 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
-    check_grammar(body.grammar, serving.tokenizer)
+    output = await output_constraint(body, serving.constraints)
     token_ids = await tokenize_chat(
         serving.tokenizer, serving.chat_template, body.template_messages()
     )
     response_id, choices = build_choices(
-        "chatcmpl", body, [token_ids], serving.model_info, "messages"
+        "chatcmpl",
+        body,
+        [token_ids],
+        serving.model_info,
+        "messages",
+        output.grammar if output else None,
     )
     envelope = ChunkEnvelope(
         response_id,
@@ -81,5 +86,5 @@ async def create_chat_completion(request: Request, body: ChatBody, serving: Serv
     def make_renderer(choice: Choice, first: RequestDelta) -> ChatChoice:
         return ChatChoice(choice.index, logprobs=bool(body.logprobs))
 
-    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer)
+    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer, output)
     return await responder.respond(request, serving.engine, stream=bool(body.stream))

@@ -2,13 +2,13 @@
 
 Owns the one list of accepted-and-ignored hints (`ACCEPTED_IGNORED`, also the table in
 docs/api.md) and `reject_unsupported`, the one function that refuses features that would
-change the output if honoured: structured output, tools, audio, best_of > n... A parameter
+change the output if honoured: tools, audio, best_of > n... A parameter
 is ignored only when OpenAI documents it as an optional hint whose absence cannot change
 what the model generates; anything that constrains the output is either honoured or
 refused with a 400 naming it. Nothing is silently dropped.
 
-Replace the matching entry of `_UNSUPPORTED` when a feature lands (structured output and
-tools are another issue).
+Replace the matching entry of `_UNSUPPORTED` when a feature lands (tools are another
+issue; structured output, `response_format`, is honoured: `api/structured.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ ACCEPTED_IGNORED: dict[str, str] = {
     "parallel_tool_calls": "only meaningful with tools, which are refused",
     "stream_options.include_obfuscation": "InferFlux adds no obfuscation padding",
     "modalities": 'only ["text"] (the default) is accepted',
-    "response_format": 'only {"type": "text"} (the default) is accepted',
     "tool_choice": '"none" or "auto" with no tools (nothing to choose from)',
     "function_call": '"none" or "auto" with no functions',
     "tools / functions": "an empty list (no tools)",
@@ -45,16 +44,10 @@ def _is_none_or(*allowed: object) -> Callable[[object], bool]:
     return lambda value: value is None or value in allowed
 
 
-def _text_format(value: object) -> bool:
-    return value is None or value == {"type": "text"}
-
-
 # name → (is acceptable, why it is refused otherwise)
 _Check = tuple[Callable[[object], bool], str]
-_STRUCTURED = "structured output (response_format json_object / json_schema) is not supported yet"
 _TOOLS = "tool calling is not supported yet"
 _CHAT_UNSUPPORTED: dict[str, _Check] = {
-    "response_format": (_text_format, _STRUCTURED + "; use `grammar` (GBNF) to constrain output"),
     "tools": (lambda v: not v, _TOOLS),
     "tool_choice": (_is_none_or("none", "auto"), _TOOLS),
     "functions": (lambda v: not v, _TOOLS),
@@ -67,7 +60,6 @@ _CHAT_UNSUPPORTED: dict[str, _Check] = {
     "verbosity": (_is_none_or(), "verbosity is not supported by this model"),
 }
 _COMPLETION_UNSUPPORTED: dict[str, _Check] = {
-    "response_format": (_text_format, _STRUCTURED),
     "suffix": (_is_none_or(""), "suffix (insertion) is not supported"),
 }
 

@@ -15,7 +15,12 @@ from starlette.responses import Response
 from inferflux.api.deps import CompletionBody, ServingDep
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
-from inferflux.api.openai.generation import check_grammar, check_model, check_token_ids, tokenize
+from inferflux.api.openai.generation import (
+    check_model,
+    check_token_ids,
+    output_constraint,
+    tokenize,
+)
 from inferflux.api.openai.logprobs import (
     CompletionLogprobs,
     TokenEntry,
@@ -90,11 +95,13 @@ async def create_completion(
     """OpenAI (legacy) text completions: several prompts, n choices each, streaming or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)
-    check_grammar(body.grammar, serving.tokenizer)
+    output = await output_constraint(body, serving.constraints)
     prompts = body.prompt_inputs()
     n_vocab = serving.model_info.n_vocab
     prompt_ids = [await _prompt_ids(serving.tokenizer, p, n_vocab) for p in prompts]
-    response_id, choices = build_choices("cmpl", body, prompt_ids, serving.model_info, "prompt")
+    response_id, choices = build_choices(
+        "cmpl", body, prompt_ids, serving.model_info, "prompt", output.grammar if output else None
+    )
     envelope = ChunkEnvelope(
         response_id,
         model,
@@ -114,5 +121,5 @@ async def create_completion(
         entries = prompt_entries(texts, ids, first) if logprobs else None
         return CompletionChoice(choice.index, logprobs=logprobs, echo=echo, echo_entries=entries)
 
-    responder = Responder(envelope, choices, texts, make_renderer)
+    responder = Responder(envelope, choices, texts, make_renderer, output)
     return await responder.respond(request, serving.engine, stream=bool(body.stream))

@@ -1,6 +1,7 @@
 """Driving generations through the engine, shared by the OpenAI and native routes.
 
-Owns: the checks that need the model (model id, vocabulary, context length, grammar),
+Owns: the checks that need the model (model id, vocabulary, context length, the output
+constraint),
 tokenizing prompts, submitting requests, and reading their `RequestDelta`s: `DeltaStream`
 (one request), `submit_all` (n requests at once, so the engine batches them) and
 `merge_deltas` (their deltas interleaved as they arrive). Does not own: OpenAI response
@@ -22,7 +23,10 @@ from typing import TypeVar
 import anyio
 from starlette.requests import Request
 
+from inferflux.api.openai.protocol import GenerationRequest, JsonObjectFormat, JsonSchemaFormat
+from inferflux.api.structured import OutputConstraint, grammar_constraint, schema_constraint
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import (
@@ -82,17 +86,30 @@ async def tokenize(tokenizer: Tokenizer, text: str, *, add_special: bool) -> lis
     return run()
 
 
-def check_grammar(grammar: str | None, tokenizer: Tokenizer) -> None:
-    """Raise InvalidRequest (param `grammar`) when llama.cpp would not compile `grammar`.
-
-    The tokenizer also bounds its size and nesting first: llama.cpp's recursive GBNF
-    parser kills the process on about 40,000 nested groups (backends/llama_cpp.py).
-    """
-    if grammar is None:
-        return
-    problem = tokenizer.grammar_error(grammar)
-    if problem is not None:
-        raise InvalidRequest(f"invalid grammar: {problem}", param="grammar")
+async def output_constraint(
+    body: GenerationRequest, compiler: ConstraintCompiler
+) -> OutputConstraint | None:
+    """The constraint `response_format` (json_object / json_schema) or `grammar` asks for,
+    compiled; None when the output is free. Raises InvalidRequest (400) for both at once
+    or for a schema or grammar that is invalid, too large, or cannot be enforced."""
+    fmt = body.response_format
+    json_format = isinstance(fmt, JsonObjectFormat | JsonSchemaFormat)
+    if body.grammar is not None:
+        if json_format:
+            raise InvalidRequest(
+                "send either `grammar` or a JSON `response_format`, not both", param="grammar"
+            )
+        return await grammar_constraint(
+            compiler, body.grammar, body.grammar_syntax or "gbnf", "grammar"
+        )
+    if body.grammar_syntax is not None:
+        raise InvalidRequest("grammar_syntax needs a grammar", param="grammar_syntax")
+    if isinstance(fmt, JsonSchemaFormat):
+        param = "response_format.json_schema.schema"
+        return await schema_constraint(compiler, fmt.json_schema.schema_, param)
+    if isinstance(fmt, JsonObjectFormat):
+        return await schema_constraint(compiler, fmt.schema_, "response_format.schema")
+    return None
 
 
 async def tokenize_chat(

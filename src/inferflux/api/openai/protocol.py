@@ -17,8 +17,10 @@ from typing import Annotated, Literal, Self
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     JsonValue,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -60,6 +62,49 @@ def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class JsonSchemaSpec(_Strict):
+    """`response_format.json_schema`: a named JSON Schema the output must satisfy."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, JsonValue] | None = Field(None, alias="schema")  # None: any object
+    strict: bool | None = None  # accepted; the schema is always enforced exactly
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    """`{"type": "json_object"}`: any JSON object (llama-server's optional `schema` too)."""
+
+    type: Literal["json_object"]
+    schema_: dict[str, JsonValue] | None = Field(None, alias="schema")
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+def _format_tag(value: object) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"type={kind}" if kind in ("text", "json_object", "json_schema") else None
+
+
+# NOTE: tags are not field-like, so error params read `response_format.json_schema.name`.
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("type=text")]
+    | Annotated[JsonObjectFormat, Tag("type=json_object")]
+    | Annotated[JsonSchemaFormat, Tag("type=json_schema")],
+    Discriminator(
+        _format_tag,
+        custom_error_type="invalid_response_format",
+        custom_error_message='response_format needs "type": "text", "json_object" or "json_schema"',
+    ),
+]
 
 
 class StreamOptions(_Strict):
@@ -168,14 +213,14 @@ class GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     grammar: str | None = Field(None, min_length=1)
+    grammar_syntax: Literal["gbnf", "lark", "regex"] | None = None  # of `grammar`; gbnf
     priority: Literal["high", "normal", "low"] | None = None
     # OpenAI hints: accepted and ignored (compat.ACCEPTED_IGNORED says why).
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    # Checked by compat.reject_unsupported: only {"type": "text"} is accepted.
-    response_format: JsonValue = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("stop")
     @classmethod
@@ -230,9 +275,11 @@ class GenerationRequest(_Strict):
         """How many top alternatives each prompt token reports (None: none)."""
         return None
 
-    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, choice: int = 0, constraint: str | None = None
+    ) -> SamplingParams:
         """The engine's view of choice `choice` of a prompt, `max_tokens` resolved against
-        the context."""
+        the context, `constraint` compiled from response_format / grammar."""
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
         return SamplingParams(
             max_tokens=max_tokens,
@@ -249,7 +296,7 @@ class GenerationRequest(_Strict):
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.num_logprobs(),
             prompt_logprobs=self.num_prompt_logprobs(),
-            grammar=self.grammar,
+            constraint=constraint,
         )
 
 

@@ -38,6 +38,7 @@ from inferflux.api.openai.generation import (
 from inferflux.api.openai.logprobs import LogprobAligner, TokenEntry, TokenTexts
 from inferflux.api.openai.protocol import GenerationRequest
 from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_error
+from inferflux.api.structured import OutputConstraint, structured_output_report
 from inferflux.engine.messages import OPENAI_FINISH_REASON, AddRequest, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo
 from inferflux.errors import EngineError, InferfluxError, InvalidRequest
@@ -60,8 +61,10 @@ def build_choices(
     prompts: Sequence[list[int]],
     model_info: ModelInfo,
     prompt_param: str,
+    constraint: str | None = None,
 ) -> tuple[str, list[Choice]]:
-    """The response id and every choice of `body` over its tokenized `prompts`.
+    """The response id and every choice of `body` over its tokenized `prompts`, each
+    constrained by `constraint` (an llguidance grammar) when set.
 
     Raises InvalidRequest (empty prompt, logit_bias outside the vocabulary) and
     ContextLengthExceeded.
@@ -81,7 +84,7 @@ def build_choices(
             add = AddRequest(
                 request_id=response_id if index == 0 else f"{response_id}-{index}",
                 prompt_token_ids=prompt_token_ids,
-                sampling=body.sampling_params(max_tokens, choice=j),
+                sampling=body.sampling_params(max_tokens, choice=j, constraint=constraint),
                 priority=body.engine_priority(),
             )
             choices.append(Choice(index, prompt_index, add))
@@ -152,11 +155,15 @@ class Responder:
         choices: list[Choice],
         texts: TokenTexts,
         make_renderer: RendererFactory,
+        output: OutputConstraint | None = None,
     ) -> None:
+        """`output`: the structured-output constraint, whose check each finished choice
+        reports as `structured_output` (api/structured.py)."""
         self.envelope = envelope
         self.choices = choices
         self.texts = texts
         self.make_renderer = make_renderer
+        self.output = output
 
     async def respond(self, request: Request, engine: EngineClient, *, stream: bool) -> Response:
         """Submit every choice, then stream or collect them. Errors before the first
@@ -203,10 +210,28 @@ class Responder:
                 run.parts.append(delta.text)
                 if delta.finish_reason is not None:
                     run.last = delta
-        choices = [
-            run.renderer.final("".join(run.parts), run.entries, run.finish_reason()) for run in runs
-        ]
+        choices = [self._final(run) for run in runs]
         return self.envelope.full_response(choices, usage_of(runs))
+
+    def _final(self, run: _Run) -> dict[str, object]:
+        finish_reason, extra = self._outcome(run)
+        return {**run.renderer.final("".join(run.parts), run.entries, finish_reason), **extra}
+
+    def _outcome(self, run: _Run) -> tuple[str, dict[str, object]]:
+        """A finished choice's finish_reason and extra fields: `structured_output` when
+        its output must be JSON (api/structured.py)."""
+        finish_reason = run.finish_reason()
+        if not self._checks_json:
+            return finish_reason, {}
+        assert self.output is not None
+        report, finish_reason = structured_output_report(
+            self.output, "".join(run.parts), finish_reason
+        )
+        return finish_reason, {"structured_output": report}
+
+    @property
+    def _checks_json(self) -> bool:
+        return self.output is not None and self.output.validate is not None
 
     async def _events(
         self, streams: list[DeltaStream], runs: list[_Run]
@@ -240,7 +265,10 @@ class Responder:
         entries = run.aligner.push(delta)
         if delta.text or entries:
             events.append(self.envelope.chunk([run.renderer.piece(delta.text, entries)]))
+            if self._checks_json:
+                run.parts.append(delta.text)
         if delta.finish_reason is not None:
             run.last = delta
-            events.append(self.envelope.chunk([run.renderer.finish(run.finish_reason())]))
+            finish_reason, extra = self._outcome(run)
+            events.append(self.envelope.chunk([{**run.renderer.finish(finish_reason), **extra}]))
         return events

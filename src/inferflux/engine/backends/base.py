@@ -26,11 +26,16 @@ class SamplerSpec:
     penalty_last_n: int
     logit_bias: tuple[tuple[int, float], ...]
     ignore_eos: bool
-    grammar: str | None = None  # GBNF, root rule `root`
+    constraint: str | None = None  # an llguidance grammar (engine/grammar.py)
 
 
 class SamplerHandle(Protocol):
     """A backend's per-sequence sampler state. Must be closed when the sequence ends."""
+
+    @property
+    def constraint_complete(self) -> bool:
+        """True once the sequence's constraint (if any) admits no further token."""
+        ...
 
     def close(self) -> None: ...
 

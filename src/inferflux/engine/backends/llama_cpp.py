@@ -16,13 +16,17 @@ import functools
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_cpp as ll
 import numpy as np
+from llguidance import LLTokenizer
 
 from inferflux.engine.backends.base import DecodeChunk, Logprob, SamplerHandle, SamplerSpec
+from inferflux.engine.backends.llama_cpp_sampler import LogitMasker, Sampler
+from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_grammar
 from inferflux.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -74,9 +78,11 @@ def _meta_str(model: Any, key: str) -> str | None:  # Any: model*
 class LlamaTokenizer:
     """Text ⇄ token ids on a vocab-only load of the model (implements `Tokenizer`)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, grammar_limits: GrammarLimits | None = None) -> None:
         self._model = _load_model(path, vocab_only=True)
         self._vocab = ll.llama_model_get_vocab(self._model)
+        self.grammar_limits = grammar_limits or GrammarLimits()
+        self._grammar_tokenizer = BackgroundGrammarTokenizer(self._vocab)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
         self.architecture: str = _meta_str(self._model, "general.architecture") or "unknown"
         # NOTE: a vocab-only load leaves hparams unset (llama_model_n_ctx_train is 0 there).
@@ -129,55 +135,84 @@ class LlamaTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return token_piece(self._vocab, token_id)
 
-    def grammar_error(self, grammar: str) -> str | None:
-        """None when `grammar` is valid GBNF with a `root` rule, else why not."""
-        return check_grammar(self._vocab, grammar)
+    def constraint_error(self, grammar: str) -> str | None:
+        """None when llguidance can enforce `grammar` over this vocabulary, else why not."""
+        return validate_grammar(grammar, self._grammar_tokenizer.get(), self.grammar_limits)
 
     def close(self) -> None:
+        self._grammar_tokenizer.wait()  # it reads the vocabulary
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None
 
 
-# NOTE: llama.cpp's GBNF parser recurses per nested group and per chained rule: about
-# 40,000 nested parentheses (or 200,000 chained rules) overflow the C stack and kill the
-# process. Every grammar is bounded before llama.cpp parses it (API and worker alike).
-MAX_GRAMMAR_CHARS = 65_536
-MAX_GRAMMAR_GROUPS = 2_048
+def grammar_tokenizer(vocab: Any) -> LLTokenizer:  # Any: vocab*
+    """An llguidance tokenizer over `vocab`: every token's bytes, special ones marked with
+    a 0xFF prefix (llguidance's convention) so grammars never produce them as text, and
+    llama.cpp's own tokenize function. Its end-of-sequence set is every EOG token, so
+    whichever one the model emits ends a complete grammar.
+
+    (llguidance.llamacpp builds the same, through a deprecated llama.cpp call.)
+    """
+    n_vocab = ll.llama_vocab_n_tokens(vocab)
+    special = ll.LLAMA_TOKEN_ATTR_CONTROL
+    pieces: list[bytes] = []
+    for token in range(n_vocab):
+        piece = token_piece(vocab, token, special=True)
+        attr = ll.llama_vocab_get_attr(vocab, token)
+        looks_special = piece.startswith(b"<") and piece.endswith(b">")
+        if attr & special or (attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and looks_special):
+            piece = b"\xff" + piece
+        pieces.append(piece)
+    eog = [t for t in range(n_vocab) if ll.llama_vocab_is_eog(vocab, t)]
+    tokenize_fn = ctypes.cast(ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return LLTokenizer.from_llamacpp(  # type: ignore[attr-defined,no-any-return]
+        tokens=pieces,
+        vocab_ptr=vocab,
+        tokenize_fptr=tokenize_fn,
+        eos_token=eog or ll.llama_vocab_eos(vocab),
+        slices=None,
+    )
 
 
-def grammar_limit_error(grammar: str) -> str | None:
-    """Why `grammar` is too large for llama.cpp's recursive parser, or None."""
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        return f"the grammar is {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS} are allowed"
-    if grammar.count("(") > MAX_GRAMMAR_GROUPS:
-        return f"the grammar has more than {MAX_GRAMMAR_GROUPS} groups '('"
-    return None
+class BackgroundGrammarTokenizer:
+    """`grammar_tokenizer(vocab)`, built on a daemon thread from construction on (about
+    0.4 s for SmolLM2's 49k tokens, 3 s for Gemma's 262k), so the first constrained
+    request does not stall every running sequence. `get` waits for it. The vocabulary
+    must outlive the build: call `wait` before freeing the model."""
 
-
-def check_grammar(vocab: Any, grammar: str) -> str | None:  # Any: vocab*
-    """None when llama.cpp accepts `grammar` (GBNF, root rule `root`), else a reason."""
-    if not grammar.strip():
-        return "the grammar is empty"
-    too_big = grammar_limit_error(grammar)
-    if too_big is not None:
-        return too_big
-    sampler = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-    if not sampler:
-        return (
-            "the grammar is not valid GBNF (llama.cpp's parser rejected it; it needs a root rule)"
+    def __init__(self, vocab: Any) -> None:  # Any: vocab*
+        self._tokenizer: LLTokenizer | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._build, args=(vocab,), name="grammar-tokenizer", daemon=True
         )
-    ll.llama_sampler_free(sampler)
-    return None
+        self._thread.start()
+
+    def _build(self, vocab: Any) -> None:  # Any: vocab*
+        try:
+            self._tokenizer = grammar_tokenizer(vocab)
+        except Exception as exc:  # NOTE: re-raised by get() on the caller's thread
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def get(self) -> LLTokenizer:
+        """The tokenizer; raises EngineError if it could not be built."""
+        self._thread.join()
+        if self._tokenizer is None:
+            raise EngineError(f"could not index the vocabulary for grammars: {self._error}")
+        return self._tokenizer
 
 
-def token_piece(vocab: Any, token: int) -> bytes:  # Any: vocab*
-    """The bytes of one token, special tokens rendered as empty."""
+def token_piece(vocab: Any, token: int, *, special: bool = False) -> bytes:  # Any: vocab*
+    """The bytes of one token; special tokens render as empty unless `special`."""
     buf = ctypes.create_string_buffer(64)
-    n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     if n < 0:
         buf = ctypes.create_string_buffer(-n)
-        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     return buf.raw[:n]
 
 
@@ -213,6 +248,9 @@ class LlamaCppBackend:
         self.eog_token_ids: frozenset[int] = frozenset(
             t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)
         )
+        self._grammar_tokenizer = BackgroundGrammarTokenizer(self._vocab)
+        self._matchers: MatcherFactory | None = None  # built at the first constraint
+        self._masker = LogitMasker(self.n_vocab)
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
@@ -251,14 +289,19 @@ class LlamaCppBackend:
 
     # -- sampling ----------------------------------------------------------------------
     def make_sampler(self, params: SamplerSpec) -> Sampler:
-        """A sampler chain for one sequence. Free it with `Sampler.close()`. Raises
-        ValueError for a grammar llama.cpp rejects."""
-        return Sampler(params, self._vocab, self.n_vocab, self.eog_token_ids)
+        """A sampler for one sequence. Free it with `Sampler.close()`. Raises ValueError
+        for a constraint llguidance rejects (the API validates first; this is the net)."""
+        matcher = None
+        if params.constraint is not None:
+            if self._matchers is None:
+                self._matchers = MatcherFactory(self._grammar_tokenizer.get())
+            matcher = self._matchers.make(params.constraint)
+        return Sampler(params, self.n_vocab, self.eog_token_ids, matcher)
 
     def sample(self, sampler: SamplerHandle, batch_index: int) -> int:
-        """Sample from the logits of batch row `batch_index`; updates penalty history."""
-        chain = cast(Sampler, sampler).chain
-        return int(ll.llama_sampler_sample(chain, self._ctx, batch_index))
+        """Sample from the logits of batch row `batch_index` (updates penalty history, and
+        the constraint's state). Raises EngineError when the constraint admits nothing."""
+        return cast(Sampler, sampler).sample(self._ctx, batch_index, self._masker)
 
     def logprobs(self, row: int, token_ids: list[int], top_k: int) -> list[Logprob]:
         """Raw-distribution log-probabilities of `token_ids` at consecutive rows ending at
@@ -325,77 +368,13 @@ class LlamaCppBackend:
 
     def close(self) -> None:
         """Free the context and the model. The backend is unusable afterwards."""
+        self._grammar_tokenizer.wait()
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None
-
-
-class Sampler:
-    """A llama.cpp sampler chain: logit_bias → penalties → top_k → top_p → min_p → temp → dist.
-
-    temperature 0 ends the chain with greedy instead. `ignore_eos` biases every
-    end-of-generation token to -inf, as llama-server does.
-    """
-
-    def __init__(
-        self, spec: SamplerSpec, vocab: Any, n_vocab: int, eog_token_ids: frozenset[int]
-    ) -> None:  # Any: vocab*
-        self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        bias = dict(spec.logit_bias)
-        if spec.ignore_eos:
-            bias.update(dict.fromkeys(eog_token_ids, -math.inf))
-        if bias:
-            arr = (ll.llama_logit_bias * len(bias))(
-                *(ll.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
-            )
-            self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
-        if spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty:
-            self._add(
-                ll.llama_sampler_init_penalties(
-                    n_vocab,  # NOTE: the vendored llama.h of 0.3.36 still takes n_vocab first
-                    spec.penalty_last_n,
-                    spec.repeat_penalty,
-                    spec.frequency_penalty,
-                    spec.presence_penalty,
-                )
-            )
-        if spec.grammar is not None:
-            self._add_grammar(vocab, spec.grammar)
-        if spec.temperature <= 0.0:
-            self._add(ll.llama_sampler_init_greedy())
-            return
-        if spec.top_k > 0:
-            self._add(ll.llama_sampler_init_top_k(spec.top_k))
-        if spec.top_p < 1.0:
-            self._add(ll.llama_sampler_init_top_p(spec.top_p, 1))
-        if spec.min_p > 0.0:
-            self._add(ll.llama_sampler_init_min_p(spec.min_p, 1))
-        self._add(ll.llama_sampler_init_temp(spec.temperature))
-        self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
-
-    def _add_grammar(self, vocab: Any, grammar: str) -> None:  # Any: vocab*
-        """Add a GBNF grammar sampler; closes the chain and raises ValueError if refused."""
-        problem = grammar_limit_error(grammar)
-        sampler = None
-        if problem is None:
-            sampler = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-            problem = None if sampler else "the grammar is not valid GBNF"
-        if problem is not None:
-            self.close()
-            raise ValueError(problem)
-        self._add(sampler)
-
-    def _add(self, sampler: Any) -> None:  # Any: llama_sampler*
-        ll.llama_sampler_chain_add(self.chain, sampler)
-
-    def close(self) -> None:
-        """Free the chain (and the samplers it owns)."""
-        if self.chain:
-            ll.llama_sampler_free(self.chain)
-            self.chain = None
 
 
 class _NumpyBatch:

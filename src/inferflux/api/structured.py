@@ -1,0 +1,124 @@
+"""Structured output at the HTTP edge: what a request asks for → an engine constraint, and
+the check of what came out.
+
+Owns `OutputConstraint` (the llguidance grammar that goes into `SamplingParams.constraint`,
+plus how to validate the finished text) and the functions that build one from a JSON
+schema (OpenAI `response_format`, Ollama `format`) or a raw grammar (GBNF, Lark, regex).
+Does not own compiling grammars (`engine/grammar.py`'s `ConstraintCompiler`) or request
+parsing (each API's protocol module).
+
+Fail closed: a schema that is not valid JSON Schema, cannot be compiled, or exceeds the
+`structured_output.*` limits is an InvalidRequest (400) before anything is queued. Every
+finished output under a schema is validated again with jsonschema; a failure is flagged
+(`structured_output.valid: false`) and never reported as a complete answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+from jsonschema import FormatChecker, SchemaError, validators
+from jsonschema.exceptions import best_match
+
+from inferflux.engine.grammar import ConstraintCompiler
+from inferflux.errors import InvalidRequest
+
+GrammarSyntax = Literal["gbnf", "lark", "regex"]
+_MAX_REPORTED_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """A compiled constraint and, for JSON, the check its finished output must pass."""
+
+    grammar: str  # for SamplingParams.constraint
+    # text → None when valid, else why not; None for raw grammars (the grammar is the spec)
+    validate: Callable[[str], str | None] | None = None
+
+    def check(self, text: str) -> str | None:
+        """Why `text` is not a valid finished output, or None."""
+        return None if self.validate is None else self.validate(text)
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= _MAX_REPORTED_CHARS else message[:_MAX_REPORTED_CHARS] + "…"
+
+
+def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str | None]:
+    """A check of finished text against `schema` (None: any JSON object)."""
+    validator = None
+    if schema is not None:
+        cls = validators.validator_for(schema)
+        validator = cls(schema, format_checker=FormatChecker())
+
+    def validate(text: str) -> str | None:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"the output is not complete JSON ({exc.msg} at character {exc.pos})"
+        if validator is None:
+            return None if isinstance(value, dict) else "the output is not a JSON object"
+        error = best_match(validator.iter_errors(value))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "the document"
+        return _short(f"the output does not match the schema at {where}: {error.message}")
+
+    return validate
+
+
+def check_schema(schema: object, param: str) -> Mapping[str, object]:
+    """`schema` if it is a valid JSON Schema (by its `$schema`, default 2020-12); raises
+    InvalidRequest naming what is wrong."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest("the JSON schema must be an object", param=param)
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        raise InvalidRequest(
+            _short(f"invalid JSON schema at {where}: {exc.message}"), param=param
+        ) from None
+    return schema
+
+
+async def schema_constraint(
+    compiler: ConstraintCompiler, schema: object | None, param: str
+) -> OutputConstraint:
+    """The constraint for JSON documents valid under `schema` (None: any JSON object).
+    Raises InvalidRequest (400, `param`) for a schema that is invalid or cannot be enforced.
+    """
+    if schema is None:
+        grammar = await anyio.to_thread.run_sync(lambda: compiler.json_object(param=param))
+        return OutputConstraint(grammar, _json_validator(None))
+    compiler.check_schema_bounds(schema, param)  # before any recursive validator
+    checked = check_schema(schema, param)
+    grammar = await anyio.to_thread.run_sync(lambda: compiler.json_schema(checked, param=param))
+    return OutputConstraint(grammar, _json_validator(checked))
+
+
+async def grammar_constraint(
+    compiler: ConstraintCompiler, text: str, syntax: GrammarSyntax, param: str
+) -> OutputConstraint:
+    """The constraint for a raw grammar in `syntax`. Raises InvalidRequest (400)."""
+    compile_ = {"gbnf": compiler.gbnf, "lark": compiler.lark, "regex": compiler.regex}[syntax]
+    grammar = await anyio.to_thread.run_sync(lambda: compile_(text, param=param))
+    return OutputConstraint(grammar)
+
+
+def structured_output_report(
+    constraint: OutputConstraint, text: str, finish_reason: str
+) -> tuple[dict[str, object], str]:
+    """The `structured_output` field of a finished choice and its finish_reason.
+
+    A JSON output that fails its check is never passed off as complete: it keeps
+    `length` when it was cut at max_tokens, and otherwise becomes `error`.
+    """
+    error = constraint.check(text)
+    if error is not None and finish_reason != "length":
+        finish_reason = "error"
+    return {"valid": error is None, "error": error}, finish_reason

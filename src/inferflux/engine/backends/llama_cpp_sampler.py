@@ -1,0 +1,141 @@
+"""Per-sequence sampling on llama.cpp: a sampler chain, plus an optional grammar constraint.
+
+Owns `Sampler`: the llama.cpp chain (logit_bias → penalties → top_k → top_p → min_p → temp
+→ dist, or greedy) and, for a constrained sequence, how the constraint meets the chain.
+Does not own the logits (the backend's context) or what a grammar is (engine/grammar.py).
+
+Constrained sampling, "sample, then verify": the chain samples from the raw logits and
+the matcher checks that one token (microseconds). Only when the grammar rejects it is the
+full allowed-token mask computed, written into the row's logits as -inf, and the chain
+run again. The accepted token is drawn from the masked distribution either way (for
+greedy exactly the masked argmax), and while the model already follows the grammar, which
+is most steps, no mask is computed at all. With penalties on, the chain would record the
+rejected token in its penalty history, so such sequences mask first, every step.
+
+Thread rule: a Sampler is used by the worker thread that owns the context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import llama_cpp as ll
+import numpy as np
+
+from inferflux.engine.backends.base import SamplerSpec
+from inferflux.engine.grammar import GrammarMatcher
+from inferflux.errors import EngineError
+
+
+class LogitMasker:
+    """Writes a constraint's allowed-token mask into a logits row: -inf where forbidden.
+
+    Scratch buffers are reused across calls (one masker per context, worker thread only).
+    The bitmask becomes per-token additive biases (0 or -inf) by a table lookup, then one
+    vectorised add: 0.34 ms for Gemma's 262k tokens, where a masked `copyto` takes up to
+    1.3 ms on mixed masks (measured here).
+    """
+
+    _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        self._bias = np.empty(n_vocab, dtype=np.float32)
+
+    def apply(self, matcher: GrammarMatcher, logits_ptr: Any) -> None:  # Any: float*
+        """Mask the row at `logits_ptr`; raises EngineError when nothing is allowed."""
+        matcher.fill_mask(self._words)
+        allowed = np.unpackbits(self._words.view(np.uint8), count=self.n_vocab, bitorder="little")
+        if not allowed.any():
+            raise EngineError("the constraint admits no next token")
+        np.take(self._BIAS, allowed, out=self._bias)
+        logits = np.ctypeslib.as_array(logits_ptr, shape=(self.n_vocab,))
+        np.add(logits, self._bias, out=logits)
+
+
+class Sampler:
+    """One sequence's sampler chain, and its grammar matcher when constrained.
+
+    temperature 0 ends the chain with greedy. `ignore_eos` biases every end-of-generation
+    token to -inf, as llama-server does, except under a constraint: a complete grammar
+    must be able to end.
+    """
+
+    def __init__(
+        self,
+        spec: SamplerSpec,
+        n_vocab: int,
+        eog_token_ids: frozenset[int],
+        matcher: GrammarMatcher | None = None,
+    ) -> None:
+        self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        self.n_vocab = n_vocab
+        self.matcher = matcher
+        penalties = bool(
+            spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty
+        )
+        self._verify_first = not penalties
+        bias = dict(spec.logit_bias)
+        if spec.ignore_eos and matcher is None:
+            bias.update(dict.fromkeys(eog_token_ids, -math.inf))
+        if bias:
+            arr = (ll.llama_logit_bias * len(bias))(
+                *(ll.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
+            )
+            self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
+        if penalties:
+            self._add(
+                ll.llama_sampler_init_penalties(
+                    n_vocab,  # NOTE: the vendored llama.h of 0.3.36 still takes n_vocab first
+                    spec.penalty_last_n,
+                    spec.repeat_penalty,
+                    spec.frequency_penalty,
+                    spec.presence_penalty,
+                )
+            )
+        self._add_selection(spec)
+
+    def _add_selection(self, spec: SamplerSpec) -> None:
+        if spec.temperature <= 0.0:
+            self._add(ll.llama_sampler_init_greedy())
+            return
+        if spec.top_k > 0:
+            self._add(ll.llama_sampler_init_top_k(spec.top_k))
+        if spec.top_p < 1.0:
+            self._add(ll.llama_sampler_init_top_p(spec.top_p, 1))
+        if spec.min_p > 0.0:
+            self._add(ll.llama_sampler_init_min_p(spec.min_p, 1))
+        self._add(ll.llama_sampler_init_temp(spec.temperature))
+        self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
+
+    def _add(self, sampler: Any) -> None:  # Any: llama_sampler*
+        ll.llama_sampler_chain_add(self.chain, sampler)
+
+    @property
+    def constraint_complete(self) -> bool:
+        """True once the constraint admits no further token (False when unconstrained)."""
+        return self.matcher is not None and self.matcher.complete
+
+    def sample(self, ctx: Any, row: int, masker: LogitMasker) -> int:  # Any: context*
+        """A token from logits row `row`, allowed by the constraint if there is one (module
+        docstring). May overwrite the row's logits with -inf where the constraint forbids
+        (`masker`). Raises EngineError when the constraint admits nothing."""
+        if self.matcher is None:
+            return int(ll.llama_sampler_sample(self.chain, ctx, row))
+        if self._verify_first:
+            token = int(ll.llama_sampler_sample(self.chain, ctx, row))
+            if self.matcher.allows(token):
+                self.matcher.consume(token)
+                return token
+        masker.apply(self.matcher, ll.llama_get_logits_ith(ctx, row))
+        token = int(ll.llama_sampler_sample(self.chain, ctx, row))
+        self.matcher.consume(token)
+        return token
+
+    def close(self) -> None:
+        """Free the chain (and the samplers it owns)."""
+        if self.chain:
+            ll.llama_sampler_free(self.chain)
+            self.chain = None
