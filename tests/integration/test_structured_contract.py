@@ -130,7 +130,7 @@ async def run_corpus(url: str, model_id: str) -> tuple[list[Outcome], float]:
     gate = asyncio.Semaphore(CONCURRENCY)
     limits = httpx.Limits(max_connections=CONCURRENCY)
 
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
 
         async def one(case: ContractCase) -> Outcome:
             async with gate:
@@ -327,6 +327,30 @@ def test_json_schema_on_completions(http: httpx.Client, case: ContractCase) -> N
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     _check_verdict(choice, choice["text"], case.schema)
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+def test_an_output_cut_by_max_tokens_is_length_and_not_valid(
+    http: httpx.Client, endpoint: str
+) -> None:
+    case = next(c for c in CASES if c.name == "order_full")
+    body: dict[str, Any] = {
+        "max_tokens": 6,
+        "temperature": 0,
+        "response_format": json_schema_format(case),
+    }
+    if endpoint == "/v1/completions":
+        body["prompt"] = case.prompt
+    else:
+        body["messages"] = [{"role": "user", "content": case.prompt}]
+    response = http.post(endpoint, json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["structured_output"]["valid"] is False
+    assert choice["structured_output"]["error"]
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    assert text.startswith("{") and judge_output(case.schema, text) is not None
 
 
 def _nested(depth: int) -> dict[str, Any]:  # Any: JSON
