@@ -27,7 +27,7 @@ from tests.contract.corpus import ContractCase, judge_output, load_corpus
 from tests.integration.server_process import ServerProcess
 from tests.openai_envelope import assert_envelope
 
-pytestmark = [pytest.mark.model, pytest.mark.server, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.model, pytest.mark.server, pytest.mark.timeout(900)]
 
 CASES = load_corpus()
 MODELS = ("smollm2", "gemma")
