@@ -177,6 +177,8 @@ async def run_config(
     async def client_loop(share: list[dict[str, Any]]) -> list[Sample]:
         return [await stream_case(client, c, config.mode, max_tokens) for c in share]
 
+    if len(cases) < config.concurrency:  # every client gets work: the level is real
+        cases = cases * -(-config.concurrency // len(cases))
     started = time.perf_counter()
     shares = [cases[i :: config.concurrency] for i in range(config.concurrency)]
     batches = await asyncio.gather(*(client_loop(share) for share in shares))

@@ -110,3 +110,11 @@ def test_overhead_compares_decode_rates_per_model_and_level():
     assert row["ttft_p50_ratio"] == pytest.approx(1.5)
     table = constrained.markdown(reports, [row], "note")
     assert "| m | 8 | 25.0 % | 1.50×" in table.replace("| 40.0 | 30.0 ", "")
+
+
+async def test_fewer_cases_than_clients_are_repeated_so_every_client_works():
+    transport = httpx.ASGITransport(app=_fake_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://fake") as client:
+        config = constrained.Config("fake", 8, "json_schema")
+        await constrained.run_config(client, config, CASES[:3], 12)
+    assert config.report()["num_requests"] == 9
