@@ -1,4 +1,4 @@
-"""api/structured.py: the check of a finished output against its JSON schema, formats included."""
+"""api/structured.py: format values as llguidance generates them pass the check (draft 2020-12 checker)."""
 
 from __future__ import annotations
 
