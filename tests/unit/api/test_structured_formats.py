@@ -1,4 +1,4 @@
-"""api/structured.py: format values as llguidance generates them pass the check (draft 2020-12 checker)."""
+"""api/structured.py: format values as llguidance writes them pass the draft 2020-12 check."""
 
 from __future__ import annotations
 
