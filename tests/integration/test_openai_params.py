@@ -196,7 +196,7 @@ def test_content_parts_equal_the_joined_string(client: OpenAI) -> None:
 def test_refused_and_unknown_parameters(client: OpenAI) -> None:
     cases = [
         ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"n": 17}, "n"),
         ({"top_logprobs": 3}, "top_logprobs"),

@@ -64,7 +64,10 @@ def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str 
             return f"the output is not complete JSON ({exc.msg} at character {exc.pos})"
         if validator is None:
             return None if isinstance(value, dict) else "the output is not a JSON object"
-        error = best_match(validator.iter_errors(value))
+        try:
+            error = best_match(validator.iter_errors(value))
+        except Exception as exc:  # NOTE: an untrusted schema (a $ref that resolves nowhere)
+            return _short(f"the output could not be checked against the schema: {exc}")
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "the document"

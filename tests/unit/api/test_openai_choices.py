@@ -10,6 +10,7 @@ from inferflux.api.openai.compat import ACCEPTED_IGNORED
 from inferflux.api.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    JsonSchemaSpec,
     StreamOptions,
     derive_seed,
 )
@@ -264,6 +265,7 @@ def test_every_accepted_hint_is_a_request_field() -> None:
         set(ChatCompletionRequest.model_fields)
         | set(CompletionRequest.model_fields)
         | {f"stream_options.{name}" for name in StreamOptions.model_fields}
+        | {f"response_format.json_schema.{name}" for name in JsonSchemaSpec.model_fields}
     )
     for entry in ACCEPTED_IGNORED:
         for name in entry.split(" / "):

@@ -31,6 +31,7 @@ ACCEPTED_IGNORED: dict[str, str] = {
     "prompt_cache_key": "OpenAI cache routing hint; the prefix cache needs none",
     "parallel_tool_calls": "only meaningful with tools, which are refused",
     "stream_options.include_obfuscation": "InferFlux adds no obfuscation padding",
+    "response_format.json_schema.strict": "the schema is always enforced exactly",
     "modalities": 'only ["text"] (the default) is accepted',
     "tool_choice": '"none" or "auto" with no tools (nothing to choose from)',
     "function_call": '"none" or "auto" with no functions',

@@ -71,7 +71,6 @@ class Sampler:
         matcher: GrammarMatcher | None = None,
     ) -> None:
         self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        self.n_vocab = n_vocab
         self.matcher = matcher
         penalties = bool(
             spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty
