@@ -1,9 +1,9 @@
 """`make bench`: every server benchmark, one after another, results under bench/results/.
 
 Runs server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache
-on vs off) and priority_load.py (mixed priority and overload). Each starts its own
-server. Run on a quiet machine; append the figures to BENCHMARKS.md by hand with the
-machine description.
+on vs off), priority_load.py (mixed priority and overload) and constrained.py (JSON-schema
+constrained vs free decoding, both test models). Each starts its own server. Run on a
+quiet machine; append the figures to BENCHMARKS.md by hand with the machine description.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ RUNS = [
     ["server_vs_engine.py", "--json", str(RESULTS / "server_vs_engine_smollm2.json")],
     ["agent_trace.py", "--json", str(RESULTS / "agent_trace_smollm2.json")],
     ["priority_load.py", "--json", str(RESULTS / "priority_load_smollm2.json")],
+    [
+        "constrained.py",
+        "--json",
+        str(RESULTS / "constrained.json"),
+        "--markdown",
+        str(RESULTS / "constrained.md"),
+    ],
 ]
 
 

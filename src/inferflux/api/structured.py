@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-from jsonschema import FormatChecker, SchemaError, validators
+from jsonschema import SchemaError, validators
 from jsonschema.exceptions import best_match
 
 from inferflux.engine.grammar import ConstraintCompiler
@@ -53,7 +53,9 @@ def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str 
     validator = None
     if schema is not None:
         cls = validators.validator_for(schema)
-        validator = cls(schema, format_checker=FormatChecker())
+        # NOTE: the draft's own checker; a bare FormatChecker() mixes every draft's, and its
+        # draft-3 "time" (HH:MM:SS) rejects the RFC 3339 times llguidance generates
+        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
 
     def validate(text: str) -> str | None:
         try:
