@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -194,6 +195,10 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, send_tracking)
+        except ClientDisconnect:
+            # the client went away while its body was read: nobody to answer, nothing broke
+            logger.info("client disconnected from %s %s", scope.get("method"), scope.get("path"))
+            return
         except Exception as exc:
             log_unexpected(exc, f"{scope.get('method')} {scope.get('path')}")
             if started:

@@ -104,3 +104,25 @@ def test_deepest_error_wins() -> None:
         {"loc": ("stop", "list[str]", 0), "type": "string_type", "msg": "y"},
     ]
     assert invalid_request_from(errors).param == "stop[0]"
+
+
+async def test_a_client_gone_while_its_body_is_read_is_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def reads_a_vanished_body(scope: Scope, receive: Receive, send: Send) -> None:
+        raise ClientDisconnect()
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    scope: Scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+    with caplog.at_level(logging.INFO, logger="inferflux.api.errors"):
+        await CatchAllMiddleware(reads_a_vanished_body)(scope, receive, send)
+    assert sent == []  # nobody to answer
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("client disconnected" in r.getMessage() for r in caplog.records)
