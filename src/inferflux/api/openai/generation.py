@@ -22,6 +22,7 @@ from typing import TypeVar
 import anyio
 from starlette.requests import Request
 
+from inferflux.api.telemetry import tokenize_span
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
@@ -77,9 +78,10 @@ def resolve_max_tokens(
 async def tokenize(tokenizer: Tokenizer, text: str, *, add_special: bool) -> list[int]:
     """Token ids of `text` (special tokens parsed); long texts run on a worker thread."""
     run = partial(tokenizer.tokenize, text, add_special=add_special, parse_special=True)
-    if len(text) > _THREAD_TOKENIZE_CHARS:
-        return await anyio.to_thread.run_sync(run)
-    return run()
+    with tokenize_span(len(text)):
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(run)
+        return run()
 
 
 def check_grammar(grammar: str | None, tokenizer: Tokenizer) -> None:
