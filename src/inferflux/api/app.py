@@ -91,7 +91,7 @@ def create_app(
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
-    app.add_middleware(TelemetryMiddleware, telemetry=telemetry, router=app.router)
+    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -10,7 +10,7 @@ false` the route answers 404 and nothing is recorded.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,6 +19,10 @@ from inferflux.config.settings import Settings
 from inferflux.errors import NotFound
 
 router = APIRouter(tags=["ops"])
+
+# The classic text format, which every Prometheus version reads (metric names here are all
+# legacy-valid, so it loses nothing against prometheus_client's newer 1.0.0 label).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def is_public(settings: Settings) -> bool:
@@ -32,4 +36,4 @@ async def metrics(request: Request, telemetry: TelemetryDep) -> Response:
     if telemetry.metrics is None:
         raise NotFound("metrics are off on this server (observability.metrics.enabled)")
     body = generate_latest(telemetry.metrics.registry)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return Response(body, media_type=CONTENT_TYPE)

@@ -24,6 +24,7 @@ from inferflux.api.request_tracker import TrackedRequest
 from inferflux.api.telemetry import RequestRecord, Telemetry, current_request
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, StepStats
 from inferflux.engine.protocol import EmbeddingResult, EngineClient, WorkerStatus
+from inferflux.errors import InferfluxError
 from inferflux.observability.tracing import (
     ATTR_CACHED_TOKENS,
     ATTR_FINISH_REASONS,
@@ -128,18 +129,28 @@ class _Generation:
                 self.span.set_status(StatusCode.ERROR, delta.error or str(delta.finish_reason))
 
     def close(self, error: BaseException | None) -> None:
-        """The generation is over, however it ended."""
-        message = None if error is None else f"{type(error).__name__}: {error}"
+        """The generation is over, however it ended. An unexpected exception is named by
+        its type only: its message could quote the prompt."""
+        message = _describe(error)
         self.telemetry.tracker.finish(self.tracked, time.monotonic(), message)
         if self.stream_span is not None:
             self.stream_span.end()
         if self.span is not None:
-            if error is not None:
+            if isinstance(error, InferfluxError):
                 self.span.record_exception(error)
+            if message is not None:
                 self.span.set_status(StatusCode.ERROR, message)
             elif self.finish is None:
                 self.span.set_attribute(ATTR_FINISH_REASONS, ["abort"])
             self.span.end()
+
+
+def _describe(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    if isinstance(error, InferfluxError):
+        return f"{type(error).__name__}: {error.message}"
+    return type(error).__name__
 
 
 class ObservedEngine:

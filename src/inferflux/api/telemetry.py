@@ -21,7 +21,6 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
-from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux import __version__
@@ -38,7 +37,7 @@ from inferflux.observability.tracing import (
     make_tracer_provider,
 )
 
-UNMATCHED_ROUTE = "unmatched"  # the route label of paths no route serves (404s)
+UNMATCHED_ROUTE = "unmatched"  # the route label of requests no route served (404, 413)
 _STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
 
 
@@ -145,10 +144,9 @@ class TelemetryMiddleware:
     its last body byte, labels it by route template (never the raw path) and status, and
     wraps it in a SERVER span that continues a client's `traceparent`."""
 
-    def __init__(self, app: ASGIApp, telemetry: Telemetry, router: Router) -> None:
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
         self.app = app
         self.telemetry = telemetry
-        self.router = router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -175,7 +173,7 @@ class TelemetryMiddleware:
             await self.app(scope, receive, send_observed)
         finally:
             current_request.reset(record_token)
-            route = self._route(scope)
+            route = _route(scope)
             if metrics is not None:
                 metrics.requests_in_flight.dec()
                 metrics.observe_request(route, status, time.monotonic() - record.started_at)
@@ -209,19 +207,12 @@ class TelemetryMiddleware:
         )
         return span, otel_context.attach(trace.set_span_in_context(span))
 
-    def _route(self, scope: Scope) -> str:
-        """The route template that served the request (`/v1/chat/completions`), found
-        again when the request never reached the router (a 413), else `unmatched`."""
-        route = scope.get("route")
-        path = getattr(route, "path", None)
-        if isinstance(path, str):
-            return path
-        for candidate in self.router.routes:
-            match, _ = candidate.matches(scope)
-            if match is Match.FULL:
-                found = getattr(candidate, "path", None)
-                return found if isinstance(found, str) else UNMATCHED_ROUTE
-        return UNMATCHED_ROUTE
+
+def _route(scope: Scope) -> str:
+    """The route template that served the request (`/v1/chat/completions`), or `unmatched`
+    when none did: no route for the path (404), or an answer before routing (413)."""
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) else UNMATCHED_ROUTE
 
 
 def _end_span(span: trace.Span, route: str, status: int, scope: Scope) -> None:

@@ -206,8 +206,18 @@ class Metrics:
             "inferflux_multimodal_requests_total",
             "Requests with at least one image input (0 until image input is supported)",
         )
-        for family in (self.multimodal_images, self.multimodal_requests):
-            family.labels(model=self.model)  # present (at 0) before the first image
+        # Present (at 0) before the first request, so dashboards and alerts see the series.
+        for family in (
+            self.ttft,
+            self.itl,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.stream_tokens,
+            self.stream_cache_hits,
+            self.multimodal_images,
+            self.multimodal_requests,
+        ):
+            family.labels(model=self.model)
 
     def _init_engine(self) -> None:
         def histogram(name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:
