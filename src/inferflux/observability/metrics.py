@@ -22,7 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -121,6 +127,9 @@ class Metrics:
         info: Mapping[str, str],
         workers: Callable[[], Sequence[WorkerView]],
     ) -> None:
+        # NOTE: process-wide in prometheus_client: no `*_created` series (they double the
+        # exposition and no InferFlux query uses them).
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in the library
         self.model = model
         self.registry = CollectorRegistry(auto_describe=False)
         self._init_http()
