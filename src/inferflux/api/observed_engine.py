@@ -13,6 +13,7 @@ increment; nothing when metrics are off except the tracker's bounded bookkeeping
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -44,6 +45,8 @@ from inferflux.observability.tracing import (
 )
 
 _FAILED = frozenset({FinishReason.ERROR, FinishReason.TIMEOUT})
+
+logger = logging.getLogger(__name__)
 
 
 class _Generation:
@@ -132,7 +135,19 @@ class _Generation:
         """The generation is over, however it ended. An unexpected exception is named by
         its type only: its message could quote the prompt."""
         message = _describe(error)
-        self.telemetry.tracker.finish(self.tracked, time.monotonic(), message)
+        tracked = self.tracked
+        self.telemetry.tracker.finish(tracked, time.monotonic(), message)
+        # One line per generation (sampled by observability.log_sample_rate); no text.
+        logger.info(
+            "generation %s %s: %d prompt (%d cached) + %d output tokens, first token %s, %.3fs",
+            tracked.request_id,
+            tracked.finish_reason,
+            tracked.num_prompt_tokens,
+            tracked.num_cached_tokens,
+            tracked.num_output_tokens,
+            "-" if tracked.first_token_s is None else f"{tracked.first_token_s:.3f}s",
+            tracked.finished_s or 0.0,
+        )
         if self.stream_span is not None:
             self.stream_span.end()
         if self.span is not None:

@@ -247,3 +247,13 @@ async def test_an_engine_failure_is_a_finished_error_in_debug(
     samples = await scrape(client)
     assert sample(samples, "inferflux_requests_total", model="fake-model", route=CHAT,
                   status="500") == 1  # fmt: skip
+
+
+async def test_each_generation_logs_one_line_without_text(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="inferflux.api.observed_engine"):
+        await client.post(CHAT, json={"messages": [{"role": "user", "content": "secret words"}]})
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "inferflux.api.observed_engine"]
+    assert " stop: " in line and "+ 4 output tokens" in line
+    assert "secret" not in line and "Hello" not in line
