@@ -257,3 +257,13 @@ async def test_each_generation_logs_one_line_without_text(
     (line,) = [r.getMessage() for r in caplog.records if r.name == "inferflux.api.observed_engine"]
     assert " stop: " in line and "+ 4 output tokens" in line
     assert "secret" not in line and "Hello" not in line
+
+
+@pytest.mark.parametrize(
+    "traceparent", ["garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", b"\xe9\xff"]
+)
+async def test_a_malformed_traceparent_starts_a_fresh_trace(traced, traceparent) -> None:
+    response = await traced.client.post(CHAT, json=BODY, headers={"traceparent": traceparent})
+    assert response.status_code == 200
+    http = traced.spans()[f"POST {CHAT}"]
+    assert http.parent is None and http.context.trace_id != 0
