@@ -136,7 +136,7 @@ def test_dashboard_is_grafana_json_over_a_prometheus_datasource() -> None:
             assert all(t["refId"] and t["expr"] for t in panel["targets"])
 
 
-def test_promtool_accepts_the_alert_rules() -> None:
+def test_promtool_accepts_the_alert_rules_and_their_unit_tests() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is missing: `make setup` installs it (scripts/install_prometheus.sh)")
@@ -149,3 +149,9 @@ def test_promtool_accepts_the_alert_rules() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 7 rules found" in result.stdout
+    tests = ALERTS.with_name("alerts_test.yml")  # input series → expected alerts
+    result = subprocess.run(
+        [promtool, "test", "rules", str(tests)], check=False, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
