@@ -204,7 +204,9 @@ class _Outbox:
     NOTE: a PUSH socket whose reader died blocks `send` forever, which would leave an
     orphaned worker holding the model and KV cache. Sends time out every second; the worker
     retries while the API process lives and gives up (exits) once it is gone or has not
-    read anything for `_SEND_GIVE_UP_S`.
+    read anything for `_SEND_GIVE_UP_S`. Every send also checks the parent first: the
+    socket queues up to its high-water mark (1000 messages, one per step) for a peer that
+    might reconnect, which on a loaded CPU is a minute of generating for nobody.
     """
 
     def __init__(self, socket: zmq.Socket[bytes], exit_with_parent: bool) -> None:
@@ -217,6 +219,8 @@ class _Outbox:
         return self.exit_with_parent and os.getppid() != self.parent_pid
 
     def send(self, message: EngineOutput) -> None:
+        if self.orphaned():  # one getppid() syscall
+            raise _ApiGone("the API process is gone")
         data = encode(message)
         deadline = time.monotonic() + _SEND_GIVE_UP_S
         while True:
