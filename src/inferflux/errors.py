@@ -9,6 +9,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   ├── ContextLengthExceeded       400 context_length_exceeded
     │   └── RequestTooLarge             413 request_too_large
     ├── ModelNotFound                   404 model_not_found
+    ├── NotFound                        404 not_found (an unknown /debug request id, ...)
     ├── ServiceUnavailable              503 service_unavailable
     │   ├── NoWorkerReady               503 no_worker_ready
     │   └── QueueFull                   503 queue_full (backpressure: above the high watermark)
@@ -73,6 +74,15 @@ class ModelNotFound(InferfluxError):
     http_status = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
+
+
+class NotFound(InferfluxError):
+    """The URL names something this server does not have (a request id /debug no longer
+    keeps, a feature that is turned off)."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
 
 
 class ServiceUnavailable(InferfluxError):

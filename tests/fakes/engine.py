@@ -7,7 +7,7 @@ claims to generate text is tested against the real llama.cpp backend in tests/in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from llguidance import LLMatcher
@@ -17,6 +17,7 @@ from inferflux.engine.messages import (
     EngineStats,
     FinishReason,
     RequestDelta,
+    StepStats,
     TokenLogprob,
 )
 from inferflux.engine.protocol import EmbeddingResult, ModelInfo, WorkerStatus
@@ -122,6 +123,7 @@ class FakeEngineClient:
     fail_start: str | None = None  # start() raises ModelLoadError with this message
     num_cached_tokens: int = 0
     stopped: bool = False
+    step_observers: list[Callable[[int, StepStats], None]] = field(default_factory=list)
 
     async def start(self) -> None:
         self.started = True
@@ -192,7 +194,15 @@ class FakeEngineClient:
 
     def workers(self) -> list[WorkerStatus]:
         stats = EngineStats(num_running=1, num_steps=5)
-        return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats)]
+        return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats, load_s=0.5)]
+
+    def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
+        self.step_observers.append(observer)
+
+    def emit_step(self, step: StepStats, worker_id: int = 0) -> None:
+        """Deliver `step` to the observers, as the receive loop of the real client does."""
+        for observer in self.step_observers:
+            observer(worker_id, step)
 
 
 def _fake_logprob(token_id: int, k: int) -> TokenLogprob:

@@ -1,8 +1,8 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
-Middleware, outer to inner: request id → (security middleware go here: CORS → audit →
-authn → rate limit, DESIGN.md §4) → body-size limit → catch-all 500 → FastAPI's
-exception handlers → routes.
+Middleware, outer to inner: request id → telemetry (latency metrics, the HTTP span) →
+(security middleware go here: CORS → audit → authn → rate limit, DESIGN.md §4) →
+body-size limit → catch-all 500 → FastAPI's exception handlers → routes.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from opentelemetry.sdk.trace import TracerProvider
 
 from inferflux import __version__
-from inferflux.api import health, metrics, stats
+from inferflux.api import debug, health, metrics, stats
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
@@ -26,9 +27,11 @@ from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
+from inferflux.api.observed_engine import ObservedEngine
 from inferflux.api.ollama import router as ollama_router
 from inferflux.api.openai import chat, completions, embeddings, models, tokenize
 from inferflux.api.openapi import install_openapi
+from inferflux.api.telemetry import TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
@@ -39,10 +42,17 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings, *, engine: EngineClient, tokenizer: Tokenizer, model_info: ModelInfo
+    settings: Settings,
+    *,
+    engine: EngineClient,
+    tokenizer: Tokenizer,
+    model_info: ModelInfo,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The InferFlux HTTP app. Its lifespan starts the engine and shuts it down on exit.
 
+    Routes see `engine` wrapped in an `ObservedEngine` (metrics, traces, /debug).
+    `tracer_provider` replaces the one `observability.tracing` describes (tests).
     Raises ModelLoadError when the chat template (the GGUF's, or `model.chat_template`)
     does not compile.
     """
@@ -53,9 +63,11 @@ def create_app(
         tokenizer.eos_text,
     )
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
+    telemetry = make_telemetry(settings, engine, model_info, tracer_provider)
+    app.state.telemetry = telemetry
     app.state.serving = ServingState(
         settings=settings,
-        engine=engine,
+        engine=ObservedEngine(engine, telemetry, model_info.model_id),
         tokenizer=tokenizer,
         model_info=model_info,
         chat_template=chat_template,
@@ -67,7 +79,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(stats.router)
     app.include_router(metrics.router)
-    app.state.metrics_registry = metrics.make_registry(engine)
+    app.include_router(debug.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(models.router)
@@ -81,6 +93,7 @@ def create_app(
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
 
@@ -106,6 +119,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await starting
         await serving.engine.shutdown()
+        app.state.telemetry.shutdown()
 
 
 async def _start_engine(app: FastAPI, serving: ServingState) -> None:

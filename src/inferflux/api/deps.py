@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from inferflux.api.errors import invalid_request_from
 from inferflux.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from inferflux.api.telemetry import Telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
@@ -50,9 +51,14 @@ def get_model_info(request: Request) -> ModelInfo:
     return get_serving(request).model_info
 
 
+def get_telemetry(request: Request) -> Telemetry:
+    return cast(Telemetry, request.app.state.telemetry)
+
+
 ServingDep = Annotated[ServingState, Depends(get_serving)]
 EngineDep = Annotated[EngineClient, Depends(get_engine)]
 ModelInfoDep = Annotated[ModelInfo, Depends(get_model_info)]
+TelemetryDep = Annotated[Telemetry, Depends(get_telemetry)]
 
 
 class JsonBody(Generic[BodyT]):

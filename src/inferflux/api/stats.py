@@ -1,7 +1,8 @@
 """GET /server/stats: a JSON snapshot of the server, its model and every engine worker.
 
 Read-only and cheap (no engine round trip): worker state comes from the latest stats
-each worker sent with its last step.
+each worker sent with its last step; throughput from the app's `ThroughputMeter`, fed by
+every engine step.
 """
 
 from __future__ import annotations
@@ -12,29 +13,56 @@ import msgspec
 from fastapi import APIRouter
 
 from inferflux import __version__
-from inferflux.api.deps import ServingDep
+from inferflux.api.deps import ServingDep, TelemetryDep
 from inferflux.api.openai.models import model_card
 from inferflux.engine.protocol import WorkerStatus
+from inferflux.observability.metrics import PRIORITIES
 
 router = APIRouter(tags=["ops"])
 
+_THROUGHPUT_WINDOWS = {"10s": 10, "1m": 60}
+
 
 def worker_stats(status: WorkerStatus) -> dict[str, object]:
-    """One worker: identity and liveness, then its EngineStats fields."""
+    """One worker: identity, liveness and load, then its EngineStats fields."""
     return {
         "worker_id": status.worker_id,
         "pid": status.pid,
         "ready": status.ready,
         "restarts": status.restarts,
         "num_in_flight": status.num_in_flight,
+        "load_s": status.load_s,
+        "busy": status.stats.num_running > 0,
         **msgspec.to_builtins(status.stats),
     }
 
 
+def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
+    """The prefix caches of every worker, summed (None when the cache is off)."""
+    caches = [s.stats.prefix_cache for s in statuses if s.stats.prefix_cache is not None]
+    if not caches:
+        return None
+    total = {
+        key: sum(getattr(c, key) for c in caches)
+        for key in ("hits", "misses", "partial_hits", "matched_tokens", "evictions")
+        + ("inserts", "entries", "cached_tokens", "max_tokens")
+    }
+    lookups = total["hits"] + total["misses"]
+    return {**total, "hit_rate": round(total["hits"] / lookups, 4) if lookups else 0.0}
+
+
 @router.get("/server/stats")
-async def server_stats(serving: ServingDep) -> dict[str, object]:
-    """Uptime, the served model, and per-worker queue and throughput counters."""
+async def server_stats(serving: ServingDep, telemetry: TelemetryDep) -> dict[str, object]:
+    """Uptime, the served model, queue depth per priority, active batches, per-worker status
+    and load, cache statistics, and token throughput over the last 10 s and minute."""
     statuses = serving.engine.workers()
+    throughput = {}
+    for name, window_s in _THROUGHPUT_WINDOWS.items():
+        prompt, generated = telemetry.meter.rates(window_s)
+        throughput[name] = {
+            "prompt_tokens_per_s": round(prompt, 3),
+            "generation_tokens_per_s": round(generated, 3),
+        }
     return {
         "version": __version__,
         "uptime_s": round(time.monotonic() - serving.started_at, 3),
@@ -44,8 +72,13 @@ async def server_stats(serving: ServingDep) -> dict[str, object]:
         "num_in_flight": sum(status.num_in_flight for status in statuses),
         "queue_depth": sum(s.stats.num_waiting for s in statuses),
         "queue_depth_by_priority": {
-            p: sum(s.stats.waiting_by_priority.get(p, 0) for s in statuses)
-            for p in ("high", "normal", "low")
+            p: sum(s.stats.waiting_by_priority.get(p, 0) for s in statuses) for p in PRIORITIES
         },
+        "num_running": sum(s.stats.num_running for s in statuses),
+        "active_batches": sum(1 for s in statuses if s.stats.num_running > 0),
+        "kv_cells_used": sum(s.stats.kv_cells_used for s in statuses),
+        "kv_cells_total": sum(s.stats.kv_cells_total for s in statuses),
+        "prefix_cache": cache_stats(statuses),
+        "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],
     }

@@ -2,8 +2,9 @@
 
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
-`observability` (logs). `config/loader.py` builds a `Settings` from YAML < env < CLI;
-nothing here reads files or the environment, and nothing captures values at import time.
+`observability` (logs, metrics, traces). `config/loader.py` builds a `Settings` from
+YAML < env < CLI; nothing here reads files or the environment, and nothing captures values
+at import time.
 """
 
 from __future__ import annotations
@@ -228,6 +229,44 @@ class StructuredOutputSettings(_Section):
     )
 
 
+class MetricsSettings(_Section):
+    enabled: bool = Field(
+        True, description="Serve Prometheus metrics at GET /metrics and record them."
+    )
+    public: bool = Field(
+        True,
+        description="Serve /metrics without credentials once authentication exists, for a "
+        "scraper inside the cluster. false: /metrics needs the `read` scope (the auth "
+        "middleware reads this flag; until authentication lands every route is open).",
+    )
+
+
+class TracingSettings(_Section):
+    exporter: Literal["none", "console", "otlp"] = Field(
+        "none",
+        description="Where OpenTelemetry spans go: `none` (no spans, no overhead), "
+        "`console` (JSON on stdout), or `otlp` (OTLP/HTTP protobuf to otlp_endpoint).",
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces",
+        min_length=1,
+        description="OTLP/HTTP traces URL (a collector, Jaeger, Tempo...), with its path.",
+    )
+    otlp_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Timeout of one OTLP export request."
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Fraction of new traces recorded (a client's sampled `traceparent` is "
+        "always followed).",
+    )
+    service_name: str = Field(
+        "inferflux", min_length=1, description="OpenTelemetry `service.name` of every span."
+    )
+
+
 class ObservabilitySettings(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest log level printed."
@@ -236,8 +275,47 @@ class ObservabilitySettings(_Section):
         "auto", description="`json` = one object per line; `auto` = text on a TTY, else JSON."
     )
     debug_prompts: bool = Field(
-        False, description="Log prompt and output text. Off: prompts never reach the logs."
+        False,
+        description="Log prompt and output text, and show token text in /debug/requests. "
+        "Off: prompts are replaced by a hash.",
     )
+    log_file: str | None = Field(
+        None,
+        description="Also write logs to this file (always JSON), rotated at log_max_bytes; "
+        "worker N writes <log_file>.worker-N. Unset: stderr only.",
+    )
+    log_max_bytes: int = Field(
+        50 * 1024 * 1024,
+        ge=1024,
+        le=1024**4,
+        description="Size at which log_file is rotated (renamed to .1, .2, ...).",
+    )
+    log_backup_count: int = Field(
+        5, ge=0, le=1000, description="Rotated log files kept besides log_file."
+    )
+    log_sample_rate: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Fraction of requests whose info and debug logs are kept, for every "
+        "tenant alike (decided per request id, so a request's lines stay together). "
+        "Warnings, errors and logs outside a request are always kept.",
+    )
+    debug_history: int = Field(
+        100,
+        ge=0,
+        le=100_000,
+        description="Finished requests that GET /debug/requests keeps (a ring buffer).",
+    )
+    debug_trace_events: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="Events kept per request in its /debug/requests/{id} token trace; "
+        "later events are counted, not stored.",
+    )
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)  # type: ignore[arg-type]
+    tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
 
 
 class Settings(_Section):

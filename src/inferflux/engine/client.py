@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,7 @@ from inferflux.engine.messages import (
     RequestDelta,
     Shutdown,
     StepOutputs,
+    StepStats,
     WorkerFailed,
     WorkerReady,
     decode_output,
@@ -78,6 +79,7 @@ class _Worker:
     restart_at: float = 0.0
     in_flight: set[str] = field(default_factory=set)
     stats: EngineStats = field(default_factory=EngineStats)
+    load_s: float | None = None  # model load time reported by the latest WorkerReady
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -101,6 +103,7 @@ class WorkerPoolClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._backpressure = False
+        self._step_observers: list[Callable[[int, StepStats], None]] = []
 
     # -- EngineClient -----------------------------------------------------------------
     @property
@@ -239,9 +242,13 @@ class WorkerPoolClient:
                 restarts=w.restarts,
                 num_in_flight=len(w.in_flight),
                 stats=w.stats,
+                load_s=w.load_s,
             )
             for w in self._workers
         ]
+
+    def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
+        self._step_observers.append(observer)
 
     # -- routing and dispatch -------------------------------------------------------------
     def _pick_worker(self) -> _Worker:
@@ -284,14 +291,26 @@ class WorkerPoolClient:
                 continue  # from a worker that has been replaced
             if isinstance(message, StepOutputs):
                 worker.stats = message.stats
+                if message.step is not None:
+                    self._observe_step(worker.worker_id, message.step)
                 self._dispatch(message.deltas)
             elif isinstance(message, WorkerReady):
                 worker.ready, worker.pid, worker.failed = True, message.pid, None
+                worker.load_s = message.load_s
                 logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
             elif isinstance(message, WorkerFailed):
                 worker.failed = message.message
             elif isinstance(message, EmbedResult):
                 self._resolve_embed(message)
+
+    def _observe_step(self, worker_id: int, step: StepStats) -> None:
+        """Hand a step's stats to the observers (before its deltas, so an admission is
+        known before the first token). An observer's bug never stops the receive loop."""
+        for observer in self._step_observers:
+            try:
+                observer(worker_id, step)
+            except Exception:  # NOTE: metrics must not take generation down
+                logger.exception("a step-stats observer failed")
 
     def _dispatch(self, deltas: list[RequestDelta]) -> None:
         for delta in deltas:

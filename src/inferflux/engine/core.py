@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
@@ -23,8 +24,10 @@ from inferflux.engine.messages import (
     Priority,
     RequestDelta,
     SamplingParams,
+    StepStats,
     TokenLogprob,
 )
+from inferflux.engine.step_recorder import StepRecorder
 from inferflux.errors import EngineError
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
 from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
@@ -77,6 +80,8 @@ class EngineCore:
         self.scheduler = scheduler
         self._states: dict[RequestId, _SequenceState] = {}
         self._stats = EngineStats(kv_cells_total=backend.n_ctx_total)
+        self._recorder = StepRecorder()
+        self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -139,6 +144,7 @@ class EngineCore:
     def step(self) -> list[RequestDelta]:
         """Run one step: one llama_decode over every scheduled chunk; one delta per
         request that produced text, a token, or finished."""
+        started_at = time.monotonic()
         output = self.scheduler.schedule()
         deltas = [self._timed_out(r) for r in output.timed_out]
         failed = self._apply_kv_ops(output.kv_ops)
@@ -146,6 +152,7 @@ class EngineCore:
         deltas.extend(failed.values())
         if not chunks:
             return deltas
+        self._recorder.on_scheduled(chunks, started_at)
         plan: list[DecodeChunk] = [
             (c.seq_id, c.token_ids, c.start_pos, self._n_logits(c)) for c in chunks
         ]
@@ -157,7 +164,19 @@ class EngineCore:
             return deltas
         self._stats.num_steps += 1
         deltas.extend(self._update_from_output(chunks, rows))
+        self._recorder.on_step_done(chunks, output.num_tokens, started_at)
         return deltas
+
+    def take_step_stats(self) -> StepStats | None:
+        """Timings and token counts since the previous call (None if nothing ran or
+        finished); the worker sends them with its next message."""
+        prompt, generated = (
+            self._stats.num_prompt_tokens_total,
+            self._stats.num_generated_tokens_total,
+        )
+        last_prompt, last_generated = self._taken_tokens
+        self._taken_tokens = (prompt, generated)
+        return self._recorder.take(prompt - last_prompt, generated - last_generated)
 
     def wait_s(self) -> float:
         """How long the worker may sleep before `step()` has work (0 = run now)."""
@@ -187,6 +206,7 @@ class EngineCore:
         return failed
 
     def _timed_out(self, request: Request) -> RequestDelta:
+        self._recorder.on_finished(request, FinishReason.TIMEOUT)
         state = self._states.pop(request.request_id)
         state.sampler.close()
         delta = _delta(request, "", [])
@@ -274,6 +294,7 @@ class EngineCore:
     ) -> RequestDelta:
         """Remove the request, free its KV and sampler; the last delta carries held text
         unless a stop string matched (that text is never released)."""
+        self._recorder.on_finished(request, reason)
         _, ops = self.scheduler.finish(request.request_id, cache=reason in _CACHEABLE)
         self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)

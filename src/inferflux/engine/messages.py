@@ -81,6 +81,9 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     priority: Priority = Priority.NORMAL
     # Prefix-cache namespace (tenant / adapter): KV is reused only within one namespace.
     cache_namespace: str = ""
+    # W3C trace context (`traceparent`, `tracestate`) of the API-side span, so the worker's
+    # queue / prefill / decode spans join the request's trace. None when tracing is off.
+    trace_context: dict[str, str] | None = None
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -176,6 +179,45 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off
 
 
+class Admission(msgspec.Struct, array_like=True):
+    """A request scheduled for the first time: how long it waited in the worker's queue."""
+
+    request_id: str
+    priority: str
+    queue_wait_s: float
+
+
+class RequestPhases(msgspec.Struct, array_like=True):
+    """When a finished request went through each engine phase (worker `time.monotonic()`
+    stamps). `scheduled_at` is None when it never ran (aborted or timed out while
+    queued); `first_token_at` is None when it produced no token."""
+
+    request_id: str
+    priority: str
+    added_at: float
+    scheduled_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    finish_reason: str
+
+
+class StepStats(msgspec.Struct, kw_only=True):
+    """What the engine did since the worker's previous message: one entry per engine step
+    in the `step_*` lists (usually one), the requests admitted, and those that finished.
+    The API side turns these into histograms (observability/metrics.py)."""
+
+    step_exec_s: list[float] = msgspec.field(default_factory=list)  # schedule → decode → sample
+    step_num_seqs: list[int] = msgspec.field(default_factory=list)  # sequences in the batch
+    step_num_tokens: list[int] = msgspec.field(default_factory=list)  # tokens in the batch
+    num_prompt_tokens: int = 0  # prompt tokens computed (prefilled)
+    num_generated_tokens: int = 0
+    admitted: list[Admission] = msgspec.field(default_factory=list)
+    finished: list[RequestPhases] = msgspec.field(default_factory=list)
+
+
 class WorkerReady(msgspec.Struct, tag="ready", kw_only=True):
     """The worker loaded its model and takes requests."""
 
@@ -200,6 +242,7 @@ class StepOutputs(msgspec.Struct, tag="step", kw_only=True):
     generation: int
     deltas: list[RequestDelta]
     stats: EngineStats
+    step: StepStats | None = None  # None when nothing ran since the previous message
 
 
 class EmbedResult(msgspec.Struct, tag="embedded", kw_only=True):

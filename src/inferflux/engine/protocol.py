@@ -7,11 +7,11 @@ backend implements `Tokenizer` with a vocab-only model load.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta
+from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, StepStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,7 @@ class WorkerStatus:
     restarts: int
     num_in_flight: int
     stats: EngineStats
+    load_s: float | None = None  # seconds its latest start took to load the model
 
 
 class Tokenizer(Protocol):
@@ -120,4 +121,9 @@ class EngineClient(Protocol):
 
     def workers(self) -> list[WorkerStatus]:
         """A snapshot of every worker."""
+        ...
+
+    def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
+        """Call `observer(worker_id, stats)` on the event loop for every `StepStats` a
+        worker sends (metrics, /debug phases). Observers must be quick and not raise."""
         ...

@@ -43,8 +43,10 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.protocol import ModelInfo
+from inferflux.engine.spans import EngineSpans
 from inferflux.errors import EngineError, InferfluxError
 from inferflux.observability.logging import configure_logging
+from inferflux.observability.tracing import get_tracer, make_tracer_provider
 from inferflux.scheduler import Scheduler
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import PriorityClass
@@ -175,7 +177,7 @@ def worker_process_main(config: WorkerConfig) -> None:
     # NOTE: Ctrl-C reaches the whole process group; the API process coordinates
     # shutdown, so the worker ignores SIGINT instead of dying mid-step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_logging(config.observability)
+    configure_logging(config.observability, file_suffix=f".worker-{config.worker_id}")
     run_worker(config)
 
 
@@ -202,7 +204,9 @@ class _Outbox:
     NOTE: a PUSH socket whose reader died blocks `send` forever, which would leave an
     orphaned worker holding the model and KV cache. Sends time out every second; the worker
     retries while the API process lives and gives up (exits) once it is gone or has not
-    read anything for `_SEND_GIVE_UP_S`.
+    read anything for `_SEND_GIVE_UP_S`. Every send also checks the parent first: the
+    socket queues up to its high-water mark (1000 messages, one per step) for a peer that
+    might reconnect, which on a loaded CPU is a minute of generating for nobody.
     """
 
     def __init__(self, socket: zmq.Socket[bytes], exit_with_parent: bool) -> None:
@@ -215,6 +219,8 @@ class _Outbox:
         return self.exit_with_parent and os.getppid() != self.parent_pid
 
     def send(self, message: EngineOutput) -> None:
+        if self.orphaned():  # one getppid() syscall
+            raise _ApiGone("the API process is gone")
         data = encode(message)
         deadline = time.monotonic() + _SEND_GIVE_UP_S
         while True:
@@ -262,13 +268,20 @@ def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Ou
         load_s=time.monotonic() - started_at,
     )
     embeds = EmbedQueue(embedder_factory(core, config))
+    provider = make_tracer_provider(
+        config.observability.tracing, component=f"worker-{config.worker_id}"
+    )
+    tracer = get_tracer(provider)
+    spans = EngineSpans(tracer, config.worker_id) if tracer is not None else None
     try:
         outbox.send(ready)
         logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
-        _WorkerLoop(core, inputs, outbox, config, embeds).run()
+        _WorkerLoop(core, inputs, outbox, config, embeds, spans).run()
     finally:
         embeds.close()  # NOTE: before core.close(), which frees the model it uses
         core.close()
+        if provider is not None:
+            provider.shutdown()  # flushes the spans still batched
 
 
 class _WorkerLoop:
@@ -279,12 +292,14 @@ class _WorkerLoop:
         outbox: _Outbox,
         config: WorkerConfig,
         embeds: EmbedQueue,
+        spans: EngineSpans | None = None,
     ) -> None:
         self.core = core
         self.inputs = inputs
         self.outbox = outbox
         self.config = config
         self.embeds = embeds
+        self.spans = spans  # None when tracing is off
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
 
@@ -301,8 +316,7 @@ class _WorkerLoop:
                 return
             if self.core.has_work():
                 deltas.extend(self.core.step())
-            if deltas:
-                self._send(deltas)
+            self._send(deltas)
             if self.embeds.has_work():
                 # NOTE: one bounded forward pass between engine steps (embed_queue.py)
                 self._send_embeddings(self.embeds.step())
@@ -319,7 +333,10 @@ class _WorkerLoop:
                 return False
             message = decode_input(data)
             if isinstance(message, AddRequest):
-                deltas.extend(self.core.add_request(message))
+                rejected = self.core.add_request(message)
+                deltas.extend(rejected)
+                if self.spans is not None and not rejected:
+                    self.spans.on_added(message.request_id, message.trace_context)
             elif isinstance(message, AbortRequests):
                 deltas.extend(self.core.abort_requests(message.request_ids))
                 self.embeds.abort(message.request_ids)
@@ -330,11 +347,19 @@ class _WorkerLoop:
                 return True
 
     def _send(self, deltas: list[RequestDelta]) -> None:
+        """One StepOutputs with these deltas and the step stats since the last one; nothing
+        when there is neither (an idle loop turn)."""
+        step = self.core.take_step_stats()
+        if not deltas and step is None:
+            return
+        if step is not None and self.spans is not None:
+            self.spans.on_finished(step.finished)
         message = StepOutputs(
             worker_id=self.config.worker_id,
             generation=self.config.generation,
             deltas=deltas,
             stats=self.core.stats(),
+            step=step,
         )
         self.outbox.send(message)
 

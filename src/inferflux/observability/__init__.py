@@ -1,10 +1,12 @@
-"""Observability: logging (text/JSON, request ids, prompt redaction); metrics live beside it."""
+"""Observability: logging (text/JSON, request ids, sampling, redaction), the Prometheus
+metrics registry (`metrics.py`), tracing setup (`tracing.py`), throughput windows."""
 
 from inferflux.observability.logging import (
     JsonFormatter,
     configure_logging,
     redact,
     request_id_var,
+    tenant_var,
 )
 
-__all__ = ["JsonFormatter", "configure_logging", "redact", "request_id_var"]
+__all__ = ["JsonFormatter", "configure_logging", "redact", "request_id_var", "tenant_var"]

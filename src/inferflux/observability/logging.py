@@ -1,9 +1,13 @@
-"""Process-wide logging: one stderr handler, text or JSON lines, request ids, prompt redaction.
+"""Process-wide logging: a stderr handler (text or JSON lines), an optional rotating JSON
+log file, request ids and tenants, per-request sampling, prompt redaction.
 
-Owns the root handler that every InferFlux logger (and uvicorn's) writes through, the
-`request_id_var` contextvar that the API's request-id middleware sets, and `redact`, which
-keeps prompt and output text out of the logs unless `observability.debug_prompts` is on.
-It does not own metrics (`observability/metrics.py`) or audit events (`security/`).
+Owns the root handlers that every InferFlux logger (and uvicorn's) writes through, the
+`request_id_var` contextvar that the API's request-id middleware sets, `tenant_var` (set
+by the authentication middleware once it exists), `RequestSampler` (keeps the info/debug
+lines of `log_sample_rate` of the requests, per request id, for every tenant alike), and
+`redact`, which keeps prompt and output text out of the logs unless
+`observability.debug_prompts` is on. It does not own metrics (`observability/metrics.py`)
+or audit events (`security/`).
 
 Call `configure_logging` once per process, before anything logs: the API process in
 `inferflux serve`, each worker at start. Start uvicorn with `log_config=None` afterwards,
@@ -16,6 +20,7 @@ import hashlib
 import hmac
 import json
 import logging
+import logging.handlers
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -26,6 +31,8 @@ from inferflux.config.settings import ObservabilitySettings
 # Set by the outermost (request-id) middleware for the duration of one request; read when a
 # record is emitted, which happens synchronously in the task that logged it.
 request_id_var: ContextVar[str | None] = ContextVar("inferflux_request_id", default=None)
+# The tenant of the request being served, once authentication knows it (None before).
+tenant_var: ContextVar[str | None] = ContextVar("inferflux_tenant", default=None)
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
@@ -40,13 +47,38 @@ _HASH_CHARS = 12
 
 
 class RequestIdFilter(logging.Filter):
-    """Stamps `record.request_id` (None outside a request) and `record.request_id_text`."""
+    """Stamps `record.request_id` (None outside a request), `record.request_id_text` and
+    `record.tenant` (None until authentication sets one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         request_id = request_id_var.get()
         record.request_id = request_id
         record.request_id_text = f" [{request_id}]" if request_id else ""
+        record.tenant = tenant_var.get()
         return True
+
+
+class RequestSampler(logging.Filter):
+    """Keeps the info and debug lines of a `rate` fraction of requests.
+
+    The decision hashes the request id, so a request's lines are kept or dropped together
+    and every tenant is sampled at the same rate. Warnings, errors, and lines logged
+    outside a request are always kept. Run after `RequestIdFilter`.
+    """
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+        self._threshold = int(rate * 2**32)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.rate >= 1.0 or record.levelno >= logging.WARNING:
+            return True
+        request_id = getattr(record, "request_id", None)
+        if not request_id:
+            return True
+        digest = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") < self._threshold
 
 
 class JsonFormatter(logging.Formatter):
@@ -65,6 +97,9 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None)
         if request_id:
             entry["request_id"] = request_id
+        tenant = getattr(record, "tenant", None)
+        if tenant:
+            entry["tenant"] = tenant
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
@@ -76,21 +111,46 @@ class _InferfluxHandler(logging.StreamHandler):  # type: ignore[type-arg]  # Tex
     """Marks the handler `configure_logging` installed, so a second call replaces it."""
 
 
-def configure_logging(settings: ObservabilitySettings, *, stream: TextIO | None = None) -> None:
+class _InferfluxFileHandler(logging.handlers.RotatingFileHandler):
+    """Marks the log-file handler `configure_logging` installed."""
+
+
+def configure_logging(
+    settings: ObservabilitySettings, *, stream: TextIO | None = None, file_suffix: str = ""
+) -> None:
     """Install the one root handler on `stream` (default: sys.stderr) and set the level.
 
-    Side effects: replaces a handler installed by an earlier call (idempotent), sets the
+    Side effects: replaces handlers installed by an earlier call (idempotent), opens
+    `settings.log_file` (JSON, rotated at `log_max_bytes`, appending) when set, sets the
     root level, and makes uvicorn's loggers propagate to root with no handlers of their own.
-    `log_format="auto"` picks text when the stream is a TTY, JSON otherwise.
+    `log_format="auto"` picks text when the stream is a TTY, JSON otherwise. Worker
+    processes pass a `file_suffix` (`.worker-0`): rotation is not safe across processes,
+    so each writes a file of its own.
     """
     out = sys.stderr if stream is None else stream
     handler = _InferfluxHandler(out)
-    handler.addFilter(RequestIdFilter())
+    handlers: list[logging.Handler] = [handler]
     handler.setFormatter(_make_formatter(settings.log_format, out))
+    if settings.log_file is not None:
+        file_handler = _InferfluxFileHandler(
+            settings.log_file + file_suffix,
+            maxBytes=settings.log_max_bytes,
+            backupCount=settings.log_backup_count,
+            encoding="utf-8",
+        )
+        file_handler.setFormatter(JsonFormatter())
+        handlers.append(file_handler)
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _InferfluxHandler)]:
+    for old in [
+        h for h in root.handlers if isinstance(h, _InferfluxHandler | _InferfluxFileHandler)
+    ]:
         root.removeHandler(old)
-    root.addHandler(handler)
+        if isinstance(old, _InferfluxFileHandler):
+            old.close()
+    for new in handlers:
+        new.addFilter(RequestIdFilter())
+        new.addFilter(RequestSampler(settings.log_sample_rate))
+        root.addHandler(new)
     level = _LEVELS[settings.log_level]
     root.setLevel(level)
     for name in UVICORN_LOGGERS:

@@ -9,8 +9,10 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope, Send
 
-from inferflux.api.errors import invalid_request_from
+from inferflux.api.errors import CatchAllMiddleware, invalid_request_from
 from inferflux.errors import ServiceUnavailable
 from tests.openai_envelope import assert_envelope
 

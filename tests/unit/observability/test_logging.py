@@ -11,7 +11,7 @@ import re
 import pytest
 
 from inferflux.config.settings import ObservabilitySettings
-from inferflux.observability import configure_logging, redact, request_id_var
+from inferflux.observability import configure_logging, redact, request_id_var, tenant_var
 from inferflux.observability.logging import UVICORN_LOGGERS
 
 
@@ -189,3 +189,79 @@ def test_redact_with_key_is_keyed():
 @pytest.mark.parametrize("text", ["", "héllo 世界 🙂", "\ud800 lone surrogate"])
 def test_redact_handles_any_text(text):
     assert redact(text, debug=False).endswith(f"({len(text)} chars)")
+
+
+def test_json_line_carries_the_tenant_when_known():
+    out = io.StringIO()
+    _configure(out, log_format="json")
+    token = tenant_var.set("acme")
+    try:
+        logging.getLogger("inferflux.test").info("for a tenant")
+    finally:
+        tenant_var.reset(token)
+    logging.getLogger("inferflux.test").info("no tenant")
+    with_tenant, without = _json_lines(out)
+    assert with_tenant["tenant"] == "acme"
+    assert "tenant" not in without
+
+
+def _log_in_requests(request_ids: list[str]) -> None:
+    log = logging.getLogger("inferflux.test")
+    for request_id in request_ids:
+        token = request_id_var.set(request_id)
+        try:
+            log.info("one %s", request_id)
+            log.debug("two %s", request_id)
+            log.warning("warn %s", request_id)
+        finally:
+            request_id_var.reset(token)
+
+
+def test_sampling_keeps_whole_requests_and_every_warning():
+    out = io.StringIO()
+    _configure(out, log_format="json", log_level="debug", log_sample_rate=0.5)
+    request_ids = [f"req-{i}" for i in range(200)]
+    _log_in_requests(request_ids)
+    logging.getLogger("inferflux.test").info("outside any request")
+    entries = _json_lines(out)
+    assert sum(e["level"] == "warning" for e in entries) == 200
+    kept = {e["request_id"] for e in entries if e["level"] == "info" and "request_id" in e}
+    debug_kept = {e["request_id"] for e in entries if e["level"] == "debug"}
+    assert kept == debug_kept  # a request's lines are kept or dropped together
+    assert 40 < len(kept) < 160  # about half (the hash is deterministic, not random)
+    assert any(e["msg"] == "outside any request" for e in entries)
+
+
+def test_sampling_rate_zero_keeps_only_warnings_in_requests():
+    out = io.StringIO()
+    _configure(out, log_format="json", log_sample_rate=0.0)
+    _log_in_requests(["a", "b"])
+    assert [e["level"] for e in _json_lines(out)] == ["warning", "warning"]
+
+
+def test_log_file_is_json_and_rotates(tmp_path):
+    path = tmp_path / "inferflux.log"
+    out = io.StringIO()
+    settings = ObservabilitySettings(
+        log_format="text", log_file=str(path), log_max_bytes=2048, log_backup_count=2
+    )
+    configure_logging(settings, stream=out)
+    log = logging.getLogger("inferflux.test")
+    for i in range(100):
+        log.info("line %d %s", i, "x" * 40)
+    configure_logging(ObservabilitySettings(), stream=out)  # closes the file handler
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["inferflux.log", "inferflux.log.1", "inferflux.log.2"]
+    for name in files:
+        for line in (tmp_path / name).read_text().splitlines():
+            assert json.loads(line)["logger"] == "inferflux.test"
+    assert not out.getvalue().startswith("{")  # the stream keeps its own (text) format
+
+
+def test_worker_log_files_get_a_suffix(tmp_path):
+    path = tmp_path / "inferflux.log"
+    settings = ObservabilitySettings(log_file=str(path))
+    configure_logging(settings, stream=io.StringIO(), file_suffix=".worker-3")
+    logging.getLogger("inferflux.test").warning("from a worker")
+    configure_logging(ObservabilitySettings(), stream=io.StringIO())
+    assert [p.name for p in tmp_path.iterdir()] == ["inferflux.log.worker-3"]

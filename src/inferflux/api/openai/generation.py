@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from inferflux.api.openai.protocol import GenerationRequest, JsonObjectFormat, JsonSchemaFormat
 from inferflux.api.structured import OutputConstraint, grammar_constraint, schema_constraint
+from inferflux.api.telemetry import tokenize_span
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
@@ -81,9 +82,10 @@ def resolve_max_tokens(
 async def tokenize(tokenizer: Tokenizer, text: str, *, add_special: bool) -> list[int]:
     """Token ids of `text` (special tokens parsed); long texts run on a worker thread."""
     run = partial(tokenizer.tokenize, text, add_special=add_special, parse_special=True)
-    if len(text) > _THREAD_TOKENIZE_CHARS:
-        return await anyio.to_thread.run_sync(run)
-    return run()
+    with tokenize_span(len(text)):
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(run)
+        return run()
 
 
 async def output_constraint(

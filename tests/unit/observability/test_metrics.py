@@ -1,0 +1,168 @@
+"""The metrics registry: every OBS-1 name with its spec type, worker sums, bounded labels.
+
+Parsed with prometheus_client's own text parser, as a scraper would read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferflux.engine.messages import EngineStats, FairnessStats, PrefixCacheStats
+from inferflux.observability.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Metrics
+
+# spec/non-functional-requirements.md, "Required Prometheus Metrics (OBS-1)"
+OBS1 = {
+    "inferflux_request_latency_seconds": "histogram",
+    "inferflux_queue_wait_seconds": "histogram",
+    "inferflux_batch_exec_seconds": "histogram",
+    "inferflux_prefill_duration_seconds": "histogram",
+    "inferflux_decode_duration_seconds": "histogram",
+    "inferflux_scheduler_queue_depth": "gauge",
+    "inferflux_prefix_hits": "counter",
+    "inferflux_prefix_misses": "counter",
+    "inferflux_prefix_matched_tokens": "counter",
+    "inferflux_prefix_partial_hits": "counter",
+    "inferflux_fairness_preemptions": "counter",
+    "inferflux_fairness_yields": "counter",
+    "inferflux_fairness_resumes": "counter",
+    "inferflux_fairness_tokens": "counter",
+    "inferflux_multimodal_images": "counter",
+    "inferflux_multimodal_requests": "counter",
+}
+
+
+@dataclass
+class Worker:
+    worker_id: int
+    ready: bool = True
+    restarts: int = 0
+    load_s: float | None = 1.5
+    stats: EngineStats = field(default_factory=EngineStats)
+
+
+def families(metrics: Metrics) -> dict:
+    text = generate_latest(metrics.registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, sample_name: str, **labels: str) -> float:
+    for fam in fams.values():
+        for sample in fam.samples:
+            if sample.name == sample_name and sample.labels == labels:
+                return sample.value
+    raise KeyError((sample_name, labels))
+
+
+def make(workers: list[Worker] | None = None) -> Metrics:
+    return Metrics(
+        model="m", info={"backend": "llama.cpp", "mode": "workers"}, workers=lambda: workers or []
+    )
+
+
+def test_every_obs1_metric_is_exported_with_its_spec_type() -> None:
+    metrics = make([Worker(0)])
+    metrics.observe_request("/v1/chat/completions", 200, 0.2)
+    metrics.observe_step(0.01, 2, 40)
+    fams = families(metrics)
+    for name, kind in OBS1.items():
+        assert name in fams, name
+        assert fams[name].type == kind, name
+
+
+def test_histograms_use_the_documented_buckets() -> None:
+    metrics = make()
+    metrics.observe_request("/healthz", 200, 0.003)
+    fams = families(metrics)
+    bounds = [
+        s.labels["le"]
+        for s in fams["inferflux_request_latency_seconds"].samples
+        if s.name.endswith("_bucket")
+    ]
+    assert bounds == [str(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+    assert value(fams, "inferflux_request_latency_seconds_bucket",
+                 model="m", route="/healthz", status="200", le="0.005") == 1  # fmt: skip
+    itl = fams["inferflux_inter_token_latency_seconds"]
+    assert [s.labels["le"] for s in itl.samples if s.name.endswith("_bucket")][:-1] == [
+        str(b) for b in STEP_BUCKETS
+    ]
+
+
+def test_request_counters_split_errors_by_status() -> None:
+    metrics = make()
+    metrics.observe_request("/v1/completions", 200, 0.1)
+    metrics.observe_request("/v1/completions", 400, 0.01)
+    metrics.observe_request("/v1/completions", 503, 0.01)
+    fams = families(metrics)
+    labels = {"model": "m", "route": "/v1/completions"}
+    assert value(fams, "inferflux_requests_total", **labels, status="200") == 1
+    assert value(fams, "inferflux_request_errors_total", **labels, status="400") == 1
+    assert value(fams, "inferflux_request_errors_total", **labels, status="503") == 1
+    with pytest.raises(KeyError):
+        value(fams, "inferflux_request_errors_total", **labels, status="200")
+
+
+def test_worker_state_is_summed_over_workers() -> None:
+    a = Worker(0, stats=EngineStats(num_running=2, num_waiting=3, kv_cells_used=100,
+                                     kv_cells_total=400, waiting_by_priority={"high": 1, "low": 2},
+                                     fairness=FairnessStats(preemptions=1, tokens={"normal": 5}),
+                                     prefix_cache=PrefixCacheStats(hits=3, misses=1)))  # fmt: skip
+    b = Worker(1, ready=False, restarts=2, load_s=None,
+               stats=EngineStats(num_waiting=1, kv_cells_total=400, waiting_by_priority={"low": 1},
+                                 fairness=FairnessStats(preemptions=2, tokens={"normal": 7}),
+                                 prefix_cache=PrefixCacheStats(hits=1, misses=3)))  # fmt: skip
+    fams = families(make([a, b]))
+    assert value(fams, "inferflux_scheduler_queue_depth") == 4
+    assert value(fams, "inferflux_scheduler_queue_depth_by_priority", priority="low") == 3
+    assert value(fams, "inferflux_scheduler_queue_depth_by_priority", priority="normal") == 0
+    assert value(fams, "inferflux_running_sequences") == 2
+    assert value(fams, "inferflux_kv_usage_ratio") == 100 / 800
+    assert value(fams, "inferflux_fairness_preemptions_total") == 3
+    assert value(fams, "inferflux_fairness_tokens_total", priority="normal") == 12
+    assert value(fams, "inferflux_prefix_hits_total") == 4
+    assert value(fams, "inferflux_prefix_hit_rate") == 0.5
+    assert value(fams, "inferflux_worker_up", worker="0") == 1
+    assert value(fams, "inferflux_worker_up", worker="1") == 0
+    assert value(fams, "inferflux_worker_restarts_total", worker="1") == 2
+    assert value(fams, "inferflux_model_load_seconds", worker="0") == 1.5
+    with pytest.raises(KeyError):  # never loaded: no sample rather than a made-up 0
+        value(fams, "inferflux_model_load_seconds", worker="1")
+
+
+def test_series_exist_at_zero_before_traffic() -> None:
+    fams = families(make())
+    for name in (
+        "inferflux_multimodal_images_total",
+        "inferflux_multimodal_requests_total",
+        "inferflux_generation_tokens_total",
+        "inferflux_stream_tokens_total",
+        "inferflux_stream_cache_hits_total",
+    ):
+        assert value(fams, name, model="m") == 0, name
+    assert value(fams, "inferflux_time_to_first_token_seconds_count", model="m") == 0
+    assert value(fams, "inferflux_queue_wait_seconds_count", priority="low") == 0
+    assert value(fams, "inferflux_backend_info", backend="llama.cpp", mode="workers") == 1
+
+
+def test_labels_stay_bounded() -> None:
+    """No series carries a label outside the documented, bounded set."""
+    metrics = make([Worker(0)])
+    metrics.observe_request("/v1/chat/completions", 200, 0.2)
+    metrics.observe_phases("high", 0.1, 0.2)
+    allowed = {"model", "route", "status", "priority", "finish_reason", "worker", "le"}
+    allowed |= {"backend", "mode"}  # the info gauge only
+    for fam in families(metrics).values():
+        for sample in fam.samples:
+            assert set(sample.labels) <= allowed, (sample.name, sample.labels)
+
+
+def test_observe_phases_skips_phases_a_request_never_had() -> None:
+    metrics = make()
+    metrics.observe_phases("normal", None, None)
+    metrics.observe_phases("normal", 0.5, None)
+    fams = families(metrics)
+    assert value(fams, "inferflux_prefill_duration_seconds_count", priority="normal") == 1
+    assert value(fams, "inferflux_decode_duration_seconds_count", priority="normal") == 0
