@@ -4,9 +4,13 @@ The prompts and schemas are the structured-output contract corpus
 (`tests/contract/schemas/*.json`, a seeded sample of `--cases` of them). For each model a
 real `inferflux serve` is started (bench/launch.py); for each concurrency level the cases
 run twice over streaming /v1/chat/completions, greedy, `max_tokens` each: once plain
-("free") and once with `response_format: json_schema` ("json_schema"). Plain outputs run
-until EOS or max_tokens while constrained ones end when the JSON is complete, so totals
-are not comparable; per-token decode rates are.
+("free") and once with `response_format: json_schema` ("json_schema"). The constrained run
+goes first; the free run then asks each case for exactly as many tokens as its constrained
+output had (`max_tokens` = that count, `ignore_eos`), so both runs decode the same token
+counts with the same batch dynamics and prefill share, and only the constraint differs.
+(Without that, free outputs run to max_tokens while constrained ones stop when the JSON
+closes; closed-loop clients then start new requests sooner under the constraint, and the
+extra prefill, not the constraint, dominates the difference at concurrency > 1.)
 
 Per request:
     TTFT          send → first content chunk (includes compiling the schema when constrained)
@@ -44,7 +48,7 @@ from workload import summarize
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "contract" / "schemas"
 SYSTEM = "You answer with JSON only."
-MODES = ("free", "json_schema")
+MODES = ("json_schema", "free")  # free second: it copies the constrained lengths
 
 
 @dataclass(slots=True)
@@ -107,7 +111,14 @@ def load_cases(n: int, seed: int) -> list[dict[str, Any]]:  # Any: JSON
     return cases
 
 
-def build_body(case: dict[str, Any], mode: str, max_tokens: int) -> dict[str, Any]:
+def build_body(
+    case: dict[str, Any], mode: str, max_tokens: int, lengths: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """The request; a free one with `lengths` asks for exactly the constrained length."""
+    matched = mode == "free" and lengths is not None and case["name"] in lengths
+    if matched:
+        assert lengths is not None
+        max_tokens = lengths[case["name"]]
     body: dict[str, Any] = {  # Any: JSON body
         "messages": [
             {"role": "system", "content": SYSTEM},
@@ -118,6 +129,8 @@ def build_body(case: dict[str, Any], mode: str, max_tokens: int) -> dict[str, An
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if matched:
+        body["ignore_eos"] = True
     if mode == "json_schema":
         schema = {"name": case["name"], "schema": case["schema"], "strict": True}
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
@@ -141,13 +154,17 @@ def _fold(sample: Sample, event: dict[str, Any], sent_at: float, text: list[str]
 
 
 async def stream_case(
-    client: httpx.AsyncClient, case: dict[str, Any], mode: str, max_tokens: int
+    client: httpx.AsyncClient,
+    case: dict[str, Any],
+    mode: str,
+    max_tokens: int,
+    lengths: dict[str, int] | None = None,
 ) -> Sample:
     """One streamed request, timed; never raises for server faults."""
     sample, text = Sample(case["name"]), []
     sent_at = time.perf_counter()
     try:
-        body = build_body(case, mode, max_tokens)
+        body = build_body(case, mode, max_tokens, lengths)
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode("utf-8", "replace")[:200]
@@ -170,12 +187,16 @@ def _schema_valid(schema: dict[str, Any], text: str) -> bool:
 
 
 async def run_config(
-    client: httpx.AsyncClient, config: Config, cases: list[dict[str, Any]], max_tokens: int
+    client: httpx.AsyncClient,
+    config: Config,
+    cases: list[dict[str, Any]],
+    max_tokens: int,
+    lengths: dict[str, int] | None = None,
 ) -> Config:
     """`config.concurrency` closed-loop clients share the cases; fills samples and wall_s."""
 
     async def client_loop(share: list[dict[str, Any]]) -> list[Sample]:
-        return [await stream_case(client, c, config.mode, max_tokens) for c in share]
+        return [await stream_case(client, c, config.mode, max_tokens, lengths) for c in share]
 
     if len(cases) < config.concurrency:  # every client gets work: the level is real
         cases = cases * -(-config.concurrency // len(cases))
@@ -187,10 +208,16 @@ async def run_config(
     return config
 
 
-async def run_url(url: str, config: Config, cases: list[dict[str, Any]], max_tokens: int) -> Config:
+async def run_url(
+    url: str,
+    config: Config,
+    cases: list[dict[str, Any]],
+    max_tokens: int,
+    lengths: dict[str, int] | None = None,
+) -> Config:
     limits = httpx.Limits(max_connections=config.concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        return await run_config(client, config, cases, max_tokens)
+        return await run_config(client, config, cases, max_tokens, lengths)
 
 
 def overhead_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -270,10 +297,12 @@ def bench_model(model: str, args: argparse.Namespace, cases: list[dict[str, Any]
         for mode in MODES:  # warm-up: load the paths, compile one schema
             asyncio.run(run_url(url, Config(model, 1, mode), cases[:1], 8))
         for level in args.concurrency:
+            lengths: dict[str, int] | None = None
             for mode in MODES:
                 config = asyncio.run(
-                    run_url(url, Config(model, level, mode), cases, args.max_tokens)
+                    run_url(url, Config(model, level, mode), cases, args.max_tokens, lengths)
                 )
+                lengths = {s.name: s.output_tokens for s in config.samples if s.output_tokens}
                 report = config.report()
                 print(
                     f"{model} c={level} {mode}: decode mean "
