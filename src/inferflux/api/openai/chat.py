@@ -15,7 +15,7 @@ from starlette.responses import Response
 from inferflux.api.deps import ChatBody, ServingDep
 from inferflux.api.openai.chat_tools import ToolChatChoice, plan_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
-from inferflux.api.openai.envelope import ChunkEnvelope
+from inferflux.api.openai.envelope import ChunkEnvelope, chat_chunk_choice
 from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
 from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
 from inferflux.api.openai.responder import Choice, ChoiceRenderer, Responder, build_choices
@@ -35,12 +35,7 @@ class ChatChoice:
     def _chunk(
         self, delta: dict[str, object], finish_reason: str | None, logprobs: object = None
     ) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
+        return chat_chunk_choice(self.index, delta, finish_reason, logprobs)
 
     def opening(self) -> dict[str, object] | None:
         return self._chunk({"role": "assistant", "content": ""}, None)

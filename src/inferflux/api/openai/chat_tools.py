@@ -16,6 +16,7 @@ The formats, the prompt, the grammar and the parser live in `api/tools/`.
 
 from __future__ import annotations
 
+from inferflux.api.openai.envelope import chat_chunk_choice
 from inferflux.api.openai.logprobs import TokenEntry, chat_logprobs
 from inferflux.api.openai.protocol import ChatCompletionRequest
 from inferflux.api.tools import (
@@ -76,12 +77,7 @@ class ToolChatChoice:
     def _chunk(
         self, delta: dict[str, object], finish_reason: str | None, logprobs: object = None
     ) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
+        return chat_chunk_choice(self.index, delta, finish_reason, logprobs)
 
     def _deltas(self, events: list[str | ToolCall]) -> list[dict[str, object]]:
         """Deltas of parser events: content, or a call's header then its arguments."""

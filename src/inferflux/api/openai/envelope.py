@@ -80,3 +80,10 @@ class ChunkEnvelope:
 
     def full_response(self, choices: list[dict[str, object]], usage: Usage) -> dict[str, object]:
         return {**self.body(choices, self.response_object), "usage": usage.as_dict()}
+
+
+def chat_chunk_choice(
+    index: int, delta: dict[str, object], finish_reason: str | None, logprobs: object = None
+) -> dict[str, object]:
+    """One choice of a `chat.completion.chunk` (plain chat and tool calls alike)."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
