@@ -27,8 +27,15 @@ def gemma_server(gemma3_model_path: str, tmp_path_factory) -> Iterator[ServerPro
         proc.close()
 
 
-def test_chat_uses_the_gemma_fallback_template_and_stops_at_end_of_turn(gemma_server) -> None:
-    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
+@pytest.fixture(scope="module")
+def client(gemma_server) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused") as sdk:
+        yield sdk
+
+
+def test_chat_uses_the_gemma_fallback_template_and_stops_at_end_of_turn(
+    gemma_server, client: OpenAI
+) -> None:
     reply = client.chat.completions.create(
         model="gemma-3-270m",
         messages=[
@@ -45,10 +52,11 @@ def test_chat_uses_the_gemma_fallback_template_and_stops_at_end_of_turn(gemma_se
     assert reply.usage is not None and reply.usage.prompt_tokens > 10
 
 
-def test_streaming_completion_and_model_listing(gemma_server) -> None:
+def test_streaming_completion_and_model_listing(
+    gemma_server: ServerProcess, client: OpenAI
+) -> None:
     models = httpx.get(f"{gemma_server.url}/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["gemma-3-270m"]
-    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
     stream = client.completions.create(
         model="gemma-3-270m",
         prompt="The capital of France is",
@@ -75,11 +83,12 @@ WEATHER_TOOL = {
 }
 
 
-def test_tool_calls_through_the_generic_prompt_and_the_gemma_fallback(gemma_server) -> None:
+def test_tool_calls_through_the_generic_prompt_and_the_gemma_fallback(
+    gemma_server, client: OpenAI
+) -> None:
     """Gemma's fallback template has no tool support: the generic format describes the
     tool in the (folded) system turn; a required call is valid under its schema, and the
     tool result renders back as a user turn for the next answer."""
-    client = OpenAI(base_url=f"{gemma_server.url}/v1", api_key="unused")
     ask = [{"role": "user", "content": "What is the weather in Lima?"}]
     first = client.chat.completions.create(
         model="gemma-3-270m",

@@ -19,7 +19,7 @@ import ollama
 import openai
 import pytest
 from openai import OpenAI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tests.openai_envelope import assert_envelope
 
@@ -29,6 +29,8 @@ ASK = [{"role": "user", "content": "Describe a fictional person who lives in Lim
 
 
 class Person(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false
+
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=120)
     city: Literal["Lima", "Oslo", "Paris"]
@@ -201,7 +203,11 @@ def test_schemas_that_cannot_be_enforced_are_refused(
 
 
 def test_the_ollama_client_gets_json_for_format(server_url: str) -> None:
-    client = ollama.Client(host=server_url)
+    with ollama.Client(host=server_url, timeout=120) as client:
+        check_ollama_format(client)
+
+
+def check_ollama_format(client: ollama.Client) -> None:
     model = client.list().models[0].model
     reply = client.chat(
         model=model,
