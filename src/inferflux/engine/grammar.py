@@ -104,7 +104,7 @@ def _short(message: str) -> str:
 
 
 # Validates an llguidance grammar against the served vocabulary: None, or why not.
-Validator = Callable[[str], "str | None"]
+Validator = Callable[[str], str | None]
 
 
 class ConstraintCompiler:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from inferflux.api.structured import check_schema
 from inferflux.errors import InvalidRequest
 
 MAX_TOOLS = 128
@@ -112,13 +112,7 @@ def _parameters(definition: FunctionDefinition, param: str) -> dict[str, object]
             f"the parameters of '{definition.name}' must be a JSON Schema of type 'object'",
             param=param,
         )
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise InvalidRequest(
-            f"the parameters of '{definition.name}' are not a valid JSON Schema: {exc.message}",
-            param=param,
-        ) from None
+    check_schema(schema, param)  # the metaschema check every JSON schema gets
     return schema
 
 
