@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
+from inferflux.engine.core import sampler_spec
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
 from tests.integration.test_scheduling_engine import drain, make_core
@@ -126,6 +127,13 @@ def test_gbnf_with_penalties_and_sampling_masks_first(model: Model) -> None:
         )
     deltas = drain(model.core)
     assert {text_of(deltas[f"yn{seed}"]) for seed in range(3)} <= {"yes.", "no."}
+    # penalties would record a rejected token in their history: those sequences mask first
+    plain = SamplingParams(max_tokens=4, constraint=grammar)
+    penalised = SamplingParams(max_tokens=4, constraint=grammar, repeat_penalty=1.3)
+    samplers = [model.core.backend.make_sampler(sampler_spec(p)) for p in (plain, penalised)]
+    assert [s.verify_first for s in samplers] == [True, False]  # type: ignore[attr-defined]
+    for sampler in samplers:
+        sampler.close()
 
 
 def test_constrained_and_free_sequences_share_each_step(model: Model) -> None:

@@ -88,7 +88,8 @@ class Sampler:
         penalties = bool(
             spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty
         )
-        self._verify_first = not penalties
+        # sample, then verify (module docstring); penalties would record a rejected token
+        self.verify_first = not penalties
         bias = dict(spec.logit_bias)
         if spec.ignore_eos and matcher is None:
             bias.update(dict.fromkeys(eog_token_ids, -math.inf))
@@ -136,7 +137,7 @@ class Sampler:
         (`masker`). Raises EngineError when the constraint admits nothing."""
         if self.matcher is None:
             return int(ll.llama_sampler_sample(self.chain, ctx, row))
-        if self._verify_first:
+        if self.verify_first:
             token = int(ll.llama_sampler_sample(self.chain, ctx, row))
             if self.matcher.allows(token):
                 self.matcher.consume(token)
