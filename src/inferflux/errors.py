@@ -8,11 +8,16 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── InvalidRequest                  400 invalid_request_error
     │   ├── ContextLengthExceeded       400 context_length_exceeded
     │   └── RequestTooLarge             413 request_too_large
+    │   └── ContentFiltered             400 content_filter (a guardrail blocked the request)
+    ├── Unauthorized                    401 invalid_api_key / invalid_token (no or bad credentials)
+    ├── PermissionDenied                403 insufficient_scope (authenticated, not allowed)
+    ├── RateLimited                     429 rate_limit_exceeded (Retry-After, x-ratelimit-*)
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
     ├── ServiceUnavailable              503 service_unavailable
     │   ├── NoWorkerReady               503 no_worker_ready
-    │   └── QueueFull                   503 queue_full (backpressure: above the high watermark)
+    │   ├── QueueFull                   503 queue_full (backpressure: above the high watermark)
+    │   └── PolicyUnavailable           503 policy_unavailable (OPA unreachable, fail closed)
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
     │   └── EngineDeadError             500 worker_died (its worker process died)
@@ -34,6 +39,10 @@ class InferfluxError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers for this error (Retry-After, WWW-Authenticate, ...)."""
+        return {}
 
     def to_body(self) -> dict[str, dict[str, str | None]]:
         """The OpenAI error envelope for this error."""
@@ -66,6 +75,57 @@ class RequestTooLarge(InvalidRequest):
 
     http_status = 413
     code = "request_too_large"
+
+
+class ContentFiltered(InvalidRequest):
+    """A guardrail blocked the request (input) or its output."""
+
+    code = "content_filter"
+
+
+class Unauthorized(InferfluxError):
+    """No credentials, or credentials that do not verify. The message never echoes them."""
+
+    http_status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": "Bearer"}
+
+
+class PermissionDenied(InferfluxError):
+    """Authenticated, but the principal lacks the scope (or tenant/model right) it needs."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "insufficient_scope"
+
+
+class RateLimited(InferfluxError):
+    """A rate limit (requests, tokens or concurrency per key or tenant) was hit.
+
+    `limit_headers` are OpenAI's `x-ratelimit-*` headers for the limit that tripped."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float,
+        limit_headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+        self.limit_headers = dict(limit_headers or {})
+
+    def headers(self) -> dict[str, str]:
+        seconds = max(1, int(-(-self.retry_after_s // 1)))  # ceil, at least 1
+        return {"retry-after": str(seconds), **self.limit_headers}
 
 
 class ModelNotFound(InferfluxError):
@@ -105,6 +165,12 @@ class QueueFull(ServiceUnavailable):
 
     code = "queue_full"
     retry_after_s = 2
+
+
+class PolicyUnavailable(ServiceUnavailable):
+    """A policy decision point (OPA) could not be reached or answered nonsense: fail closed."""
+
+    code = "policy_unavailable"
 
 
 class QueueTimeout(InferfluxError):

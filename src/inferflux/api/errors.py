@@ -60,11 +60,11 @@ def error_body(exc: InferfluxError, path: str = "") -> Mapping[str, object]:
 def error_response(exc: InferfluxError, path: str = "") -> Response:
     """The error response for `exc` on `path` (the body shape: `error_body`), with
     Retry-After when the client should retry."""
-    headers: dict[str, str] | None = None
+    headers = exc.headers()
     if isinstance(exc, ServiceUnavailable):
-        headers = {"retry-after": str(exc.retry_after_s)}
+        headers = {"retry-after": str(exc.retry_after_s), **headers}
     elif isinstance(exc, QueueTimeout):
-        headers = {"retry-after": str(exc.retry_after_s), "connection": "close"}
+        headers = {"retry-after": str(exc.retry_after_s), "connection": "close", **headers}
     return Response(
         msgspec.json.encode(error_body(exc, path)),
         status_code=exc.http_status,
