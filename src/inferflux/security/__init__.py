@@ -14,7 +14,9 @@ from inferflux.security.principal import (
     ANONYMOUS,
     Principal,
     Scope,
+    current_principal,
     get_principal,
+    principal_var,
     set_principal,
 )
 from inferflux.security.request_record import RequestRecord, get_request_record
@@ -31,7 +33,9 @@ __all__ = [
     "Scope",
     "StaticPolicySource",
     "TenantPolicy",
+    "current_principal",
     "get_principal",
     "get_request_record",
+    "principal_var",
     "set_principal",
 ]
