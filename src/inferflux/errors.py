@@ -21,7 +21,10 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
     │   └── EngineDeadError             500 worker_died (its worker process died)
-    ├── ModelLoadError                  model file missing or unreadable (startup: exit non-zero)
+    ├── Conflict                        409 conflict (the model lifecycle forbids it now)
+    ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
+    │   │                               refused by llama.cpp (startup: exit non-zero)
+    │   └── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
     └── ConfigError                     invalid configuration (startup: exit non-zero)
 """
 
@@ -198,6 +201,24 @@ class ModelLoadError(InferfluxError):
     """The model file is missing, unreadable, or llama.cpp refused it."""
 
     code = "model_load_error"
+
+
+class ModelVerificationFailed(ModelLoadError):
+    """The model file does not match its registry entry: SHA-256 mismatch (a modified or
+    truncated file), a bad or missing signature, or a path escaping the models folder."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+    code = "model_verification_failed"
+
+
+class Conflict(InferfluxError):
+    """The request is valid but clashes with the current state (unloading the default
+    model, loading an id that is already registered...)."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
 
 
 class ConfigError(InferfluxError):

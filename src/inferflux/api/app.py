@@ -9,36 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
 from inferflux import __version__
 from inferflux.api import debug, health, metrics, stats
+from inferflux.api.admin import models as admin_models
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from inferflux.api.model_loader import EngineFactory, EngineModelLoader
+from inferflux.api.model_manager import ModelManager
+from inferflux.api.model_slot import ModelSlot, build_serving, system_fingerprint
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
-from inferflux.api.observed_engine import ObservedEngine
 from inferflux.api.ollama import router as ollama_router
-from inferflux.api.openai import chat, completions, embeddings, models, tokenize
+from inferflux.api.openai import chat, completions, embeddings, tokenize
+from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
 from inferflux.api.telemetry import TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
-from inferflux.engine.chat_template import ChatTemplate
-from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
+from inferflux.engine.client import make_engine_client
+from inferflux.engine.model_registry import RegistryPlan, single_model_plan
+from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["create_app", "system_fingerprint"]
 
 
 def create_app(
@@ -48,47 +54,39 @@ def create_app(
     tokenizer: Tokenizer,
     model_info: ModelInfo,
     tracer_provider: TracerProvider | None = None,
+    registry: RegistryPlan | None = None,
+    engines: EngineFactory = make_engine_client,
 ) -> FastAPI:
-    """The InferFlux HTTP app. Its lifespan starts the engine and shuts it down on exit.
+    """The InferFlux HTTP app. Its lifespan starts the models' engines and stops them.
 
-    Routes see `engine` wrapped in an `ObservedEngine` (metrics, traces, /debug).
-    `tracer_provider` replaces the one `observability.tracing` describes (tests).
-    Raises ModelLoadError when the chat template (the GGUF's, or `model.chat_template`)
-    does not compile.
+    `engine`, `tokenizer` and `model_info` are the default model's (its engine not started
+    yet); `registry` lists the other models and where new ones may come from (None: the
+    default model alone, admin loads resolving in its folder). `engines` builds the engine
+    client of every model loaded later. Routes see each engine wrapped in an
+    `ObservedEngine` (metrics, traces, /debug). `tracer_provider` replaces the one
+    `observability.tracing` describes (tests). Raises ModelLoadError when the chat
+    template (the GGUF's, or `model.chat_template`) does not compile.
     """
-    chat_template = ChatTemplate.from_model(
-        settings.model.chat_template or tokenizer.chat_template,
-        model_info.architecture,
-        tokenizer.bos_text,
-        tokenizer.eos_text,
-    )
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
-    telemetry = make_telemetry(settings, engine, model_info, tracer_provider)
-    app.state.telemetry = telemetry
-    app.state.serving = ServingState(
-        settings=settings,
-        engine=ObservedEngine(engine, telemetry, model_info.model_id),
-        tokenizer=tokenizer,
-        model_info=model_info,
-        chat_template=chat_template,
-        constraints=ConstraintCompiler(tokenizer.constraint_error, grammar_limits(settings)),
-        system_fingerprint=system_fingerprint(model_info),
-        started_at=time.monotonic(),
+    plan = registry or single_model_plan(settings, Path(model_info.path), model_info.model_id)
+    models: ModelManager | None = None
+    telemetry = make_telemetry(
+        settings, lambda: models.workers() if models else [], model_info, tracer_provider
     )
-    install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(stats.router)
-    app.include_router(metrics.router)
-    app.include_router(debug.router)
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(models.router)
-    app.include_router(tokenize.router)
-    app.include_router(native_generate.router)
-    app.include_router(native_chat.router)
-    app.include_router(embeddings.router)
-    app.include_router(native_embeddings.router)
-    app.include_router(ollama_router)
+    app.state.telemetry = telemetry
+    serving = build_serving(
+        model_settings(settings, plan.default), engine, tokenizer, model_info, telemetry
+    )
+    app.state.serving = serving
+    models = ModelManager(
+        settings.registry,
+        plan,
+        ModelSlot(plan.default, serving),
+        EngineModelLoader(settings, telemetry, engines),
+        on_default=lambda current: setattr(app.state, "serving", current),
+    )
+    app.state.models = models
+    _include_routers(app)
     install_openapi(app, event_models=[NativeStreamEvent])
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
@@ -98,36 +96,54 @@ def create_app(
     return app
 
 
-def system_fingerprint(model_info: ModelInfo) -> str:
-    """OpenAI's `system_fingerprint`: changes when the server version or model file does."""
-    key = f"{__version__}|{model_info.model_id}|{model_info.size_bytes}|{model_info.created}"
-    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
+def _include_routers(app: FastAPI) -> None:
+    install_error_handlers(app)
+    for router in (
+        health.router,
+        stats.router,
+        metrics.router,
+        debug.router,
+        chat.router,
+        completions.router,
+        openai_models.router,
+        tokenize.router,
+        native_generate.router,
+        native_chat.router,
+        embeddings.router,
+        native_embeddings.router,
+        ollama_router,
+        # NOTE(#6): admin routes; the security layer attaches require_scope(Scope.ADMIN).
+        admin_models.router,
+    ):
+        app.include_router(router)
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the engine in the background so /livez answers (and /readyz says 503)
-    while the model loads; stop it on exit."""
+    """Start the engines in the background so /livez answers (and /readyz says 503)
+    while the default model loads; stop every model's engine on exit."""
     serving: ServingState = app.state.serving
+    models: ModelManager = app.state.models
     app.state.engine_start_error = None
     logger.info("starting the engine for %s", serving.model_info.model_id)
-    starting = asyncio.create_task(_start_engine(app, serving), name="engine-start")
+    starting = asyncio.create_task(_start_engine(app, serving, models), name="engine-start")
     try:
         yield
     finally:
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting
-        await serving.engine.shutdown()
+        await models.shutdown()
         app.state.telemetry.shutdown()
 
 
-async def _start_engine(app: FastAPI, serving: ServingState) -> None:
-    """Wait for the first ready worker. If none can start, record why on
-    `app.state.engine_start_error` and call `app.state.request_shutdown` when the runner
-    set one (`inferflux serve` does, and then exits 1)."""
+async def _start_engine(app: FastAPI, serving: ServingState, models: ModelManager) -> None:
+    """Wait for the default model's first ready worker (the other models then load in
+    the background). If none can start, record why on `app.state.engine_start_error` and
+    call `app.state.request_shutdown` when the runner set one (`inferflux serve` does, and
+    then exits 1)."""
     try:
-        await serving.engine.start()
+        await models.start()
     except InferfluxError as exc:
         app.state.engine_start_error = exc.message
         logger.error("the engine could not start: %s; shutting down", exc.message)

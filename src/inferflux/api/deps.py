@@ -1,12 +1,15 @@
 """What route handlers may depend on, as `Annotated` aliases over `app.state`.
 
-Owns: `ServingState` (built once by `create_app`, stored as `app.state.serving`), the
-aliases that hand its parts to handlers (`EngineDep`, `ServingDep`, ...), and the JSON body
-dependencies that parse OpenAI requests with pydantic (`ChatBody`, `CompletionBody`).
+Owns: `ServingState` (one per resident model; `app.state.serving` is the default
+model's, kept current by the model manager), the aliases that hand its parts to handlers
+(`EngineDep`, `ServingDep`, ...: the default model), and the JSON body dependencies that
+parse OpenAI requests with pydantic (`ChatBody`, `CompletionBody`). Routes that serve the
+model their body names use `serving_for` (api/model_router.py) instead of `ServingDep`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Generic, TypeVar, cast
@@ -27,7 +30,7 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 @dataclass(frozen=True, slots=True)
 class ServingState:
-    """Everything the routes share. Immutable; the engine object itself is async-safe."""
+    """Everything the routes need of one model. Immutable; the engine is async-safe."""
 
     settings: Settings
     engine: EngineClient
@@ -81,8 +84,10 @@ class JsonBody(Generic[BodyT]):
             raise invalid_request_from(exc.errors()) from None
 
 
+@functools.cache
 def json_body(model: type[BodyT]) -> Callable[[Request], Awaitable[BodyT]]:
-    """The `JsonBody` dependency for `model`."""
+    """The `JsonBody` dependency for `model`: one instance per model, so FastAPI parses a
+    body once per request even when several dependencies need it (`serving_for`)."""
     return JsonBody(model)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from inferflux import __version__
 from inferflux.api.request_tracker import RequestTracker
 from inferflux.config.settings import Settings
 from inferflux.engine.messages import StepStats
-from inferflux.engine.protocol import EngineClient, ModelInfo
+from inferflux.engine.protocol import ModelInfo, WorkerStatus
 from inferflux.observability.metrics import Metrics
 from inferflux.observability.throughput import ThroughputMeter
 from inferflux.observability.tracing import (
@@ -114,12 +115,14 @@ class Telemetry:
 
 def make_telemetry(
     settings: Settings,
-    engine: EngineClient,
+    workers: Callable[[], Sequence[WorkerStatus]],
     model_info: ModelInfo,
     provider: TracerProvider | None = None,
 ) -> Telemetry:
-    """The app's telemetry per `settings.observability`. `provider` replaces the tracer
-    provider the settings describe (tests pass one with an in-memory exporter)."""
+    """The app's telemetry per `settings.observability`. `workers` lists every engine
+    worker (of every model) at scrape time; `model_info` is the default model's (the
+    `model` label of HTTP metrics). `provider` replaces the tracer provider the settings
+    describe (tests pass one with an in-memory exporter)."""
     obs = settings.observability
     metrics = None
     if obs.metrics.enabled:
@@ -130,7 +133,7 @@ def make_telemetry(
             "model": model_info.model_id,
             "version": __version__,
         }
-        metrics = Metrics(model=model_info.model_id, info=info, workers=engine.workers)
+        metrics = Metrics(model=model_info.model_id, info=info, workers=workers)
     if provider is None:
         provider = make_tracer_provider(obs.tracing, component="api")
     tracker = RequestTracker(

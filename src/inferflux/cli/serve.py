@@ -1,7 +1,8 @@
 """`inferflux serve`: settings → logging → model → engine client → app → uvicorn.
 
-Exit codes: 2 for an invalid configuration (the message names the key and the fix), 1 when
-the model cannot be loaded, 3 (uvicorn's) when the engine fails to start.
+Exit codes: 2 for an invalid configuration or model manifest (the message names the key
+and the fix), 1 when the default model cannot be verified or loaded, 3 (uvicorn's) when
+the engine fails to start.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from fastapi import FastAPI
 from inferflux.api import create_app
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
-from inferflux.engine import load_served_model, make_engine_client
+from inferflux.engine import make_engine_client
+from inferflux.engine.model_files import load_model
+from inferflux.engine.model_registry import registry_plan
+from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ConfigError, ModelLoadError
 from inferflux.observability.logging import configure_logging
@@ -54,6 +58,10 @@ def serve(
         str | None, typer.Option(help="Model id clients send as `model` (model.id).")
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config file.")] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(help="YAML model manifest: several models, hot swap (registry.path)."),
+    ] = None,
     workers: Annotated[
         int | None, typer.Option(help="Engine worker processes (runtime.workers).")
     ] = None,
@@ -74,6 +82,7 @@ def serve(
         "server.ollama_port": ollama_port,
         "model.path": model,
         "model.id": model_id,
+        "registry.path": registry,
         "runtime.workers": workers,
         "runtime.in_process": True if in_process else None,
     }
@@ -122,11 +131,20 @@ def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[soc
 
 
 def _build_app(settings: Settings) -> tuple[FastAPI, ModelInfo]:
-    """Model, engine client and app; a model that cannot load exits with status 1."""
+    """The registry (the manifest, or `model.path` alone), the default model (verified,
+    vocabulary loaded), its engine client and the app. An invalid manifest exits with
+    status 2, a default model that cannot be verified or loaded with status 1."""
     try:
-        model_info, tokenizer = load_served_model(settings)
-        engine = make_engine_client(settings, model_info)
-        asgi_app = create_app(settings, engine=engine, tokenizer=tokenizer, model_info=model_info)
+        plan = registry_plan(settings)
+        own_settings = model_settings(settings, plan.default)
+        model_info, tokenizer = load_model(plan.default, own_settings)
+        engine = make_engine_client(own_settings, model_info)
+        asgi_app = create_app(
+            settings, engine=engine, tokenizer=tokenizer, model_info=model_info, registry=plan
+        )
+    except ConfigError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
     except ModelLoadError as exc:
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR) from None

@@ -2,16 +2,16 @@
 
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
-`observability` (logs, metrics, traces). `config/loader.py` builds a `Settings` from
-YAML < env < CLI; nothing here reads files or the environment, and nothing captures values
-at import time.
+`observability` (logs, metrics, traces), `registry` (several models, the manifest).
+`config/loader.py` builds a `Settings` from YAML < env < CLI; nothing here reads files or
+the environment, and nothing captures values at import time.
 """
 
 from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -64,6 +64,12 @@ class ModelSettings(_Section):
     chat_template: str | None = Field(
         None,
         description="A Jinja chat template that replaces the GGUF's (text, not a path).",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Expected SHA-256 of model.path (64 hex digits). Set: the file is hashed "
+        "before llama.cpp reads it and a mismatch refuses to start.",
     )
 
 
@@ -318,6 +324,56 @@ class ObservabilitySettings(_Section):
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
 
 
+class RegistrySettings(_Section):
+    path: str | None = Field(
+        None,
+        description="YAML manifest of the models to serve (docs/models.md). Unset: the one "
+        "model of the `model` section.",
+    )
+    models_dir: str | None = Field(
+        None,
+        description="Folder that manifest and admin-API model paths resolve in; a path "
+        "escaping it is refused. Unset: the manifest's folder.",
+    )
+    poll_interval_ms: int = Field(
+        2000,
+        ge=0,
+        le=3_600_000,
+        description="How often the manifest file is checked for changes (an added entry "
+        "loads, a removed one unloads, a changed one is swapped). 0 = never.",
+    )
+    max_resident_models: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Models loaded at once; loading one more unloads the least recently "
+        "used idle model (never the default).",
+    )
+    drain_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="How long a swapped-out or unloaded model keeps serving its in-flight "
+        "requests before its workers are stopped anyway.",
+    )
+    public_keys: list[str] = Field(
+        default_factory=list,
+        description="Trusted ed25519 public keys (base64 of the 32 raw bytes). A manifest "
+        "entry's `signature` must verify with one of them.",
+    )
+    require_signatures: bool = Field(
+        False, description="Refuse manifest and admin-API models that carry no signature."
+    )
+
+    @field_validator("public_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        """An env var gives one string: keys separated by commas."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
 class Settings(_Section):
     """Everything InferFlux reads at startup. Build it with `config.loader.load_settings`."""
 
@@ -330,4 +386,7 @@ class Settings(_Section):
     )
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings  # type: ignore[arg-type]
+    )
+    registry: RegistrySettings = Field(
+        default_factory=RegistrySettings  # type: ignore[arg-type]
     )

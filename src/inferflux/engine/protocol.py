@@ -28,6 +28,20 @@ class ModelInfo:
     created: int  # file mtime, unix seconds (OpenAI `created`)
     has_chat_template: bool  # True when the GGUF carries `tokenizer.chat_template`
     n_embd: int = 0  # embedding width (GGUF `<arch>.embedding_length`); 0 = unknown
+    aliases: tuple[str, ...] = ()  # other names requests may use for this model
+    sha256: str = ""  # verified by every process before llama.cpp reads the file; "" = none
+    num_parameters: int = 0  # from the GGUF tensor shapes; 0 = unknown
+    quantization: str = "unknown"  # Q4_K_M, F16, ... (GGUF general.file_type)
+    n_experts: int = 0  # MoE experts per layer (GGUF `<arch>.expert_count`); 0 = dense
+    n_active_experts: int = 0  # MoE experts used per token (`<arch>.expert_used_count`)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def serves(self, name: str | None) -> bool:
+        """True when `name` (the request's `model`) is this model's id or an alias."""
+        return name is None or name == self.model_id or name in self.aliases
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ request leaves as one `EmbedResult`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -42,9 +43,10 @@ from inferflux.engine.messages import (
     decode_input,
     encode,
 )
+from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import ModelInfo
 from inferflux.engine.spans import EngineSpans
-from inferflux.errors import EngineError, InferfluxError
+from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging
 from inferflux.observability.tracing import get_tracer, make_tracer_provider
 from inferflux.scheduler import Scheduler
@@ -72,6 +74,7 @@ class WorkerConfig:
     observability: ObservabilitySettings
     exit_with_parent: bool = True
     scheduling: SchedulerSettings = field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
+    model_sha256: str = ""  # checked before llama.cpp reads the file; "" = no check
 
 
 def worker_config(
@@ -109,6 +112,7 @@ def worker_config(
         observability=settings.observability,
         exit_with_parent=exit_with_parent,
         scheduling=scheduler,
+        model_sha256=model_info.sha256,
     )
 
 
@@ -142,8 +146,14 @@ def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
 
 
 def build_engine_core(config: WorkerConfig) -> EngineCore:
-    """Load the model and wire backend + scheduler. Raises ModelLoadError."""
-    backend = LlamaCppBackend(config.context)
+    """Verify and load the model, and wire backend + scheduler. Raises ModelLoadError
+    (ModelVerificationFailed when the file no longer matches its SHA-256)."""
+    path = config.context.model_path
+    with verified_file(path, config.model_sha256 or None) as load_path:
+        try:
+            backend = LlamaCppBackend(dataclasses.replace(config.context, model_path=load_path))
+        except ModelLoadError as exc:  # name the file, not /proc/self/fd/N
+            raise ModelLoadError(exc.message.replace(load_path, path)) from None
     cache = _prefix_cache(config)
     kv_capacity: int | None = None
     if config.context.kv_unified:

@@ -215,6 +215,10 @@ class Metrics:
             "inferflux_multimodal_requests_total",
             "Requests with at least one image input (0 until image input is supported)",
         )
+        self.moe_requests = counter(
+            "inferflux_moe_requests_total",
+            "Requests routed to a mixture-of-experts model (GGUF <arch>.expert_count > 0)",
+        )
         # Present (at 0) before the first request, so dashboards and alerts see the series.
         for family in (
             self.ttft,
@@ -225,6 +229,7 @@ class Metrics:
             self.stream_cache_hits,
             self.multimodal_images,
             self.multimodal_requests,
+            self.moe_requests,
         ):
             family.labels(model=self.model)
 

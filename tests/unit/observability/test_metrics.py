@@ -137,6 +137,7 @@ def test_series_exist_at_zero_before_traffic() -> None:
     for name in (
         "inferflux_multimodal_images_total",
         "inferflux_multimodal_requests_total",
+        "inferflux_moe_requests_total",
         "inferflux_generation_tokens_total",
         "inferflux_stream_tokens_total",
         "inferflux_stream_cache_hits_total",

@@ -11,7 +11,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.native.generate import STREAM_OR_JSON
 from inferflux.api.native.generation import Outcome, build_request, respond
 from inferflux.api.native.protocol import (
@@ -26,8 +27,11 @@ router = APIRouter(tags=["native"])
 ChatBody = Annotated[NativeChatRequest, Depends(json_body(NativeChatRequest))]
 
 
+ChatServing = Annotated[ServingState, Depends(serving_for(NativeChatRequest))]
+
+
 @router.post("/chat", responses={200: {"model": NativeChatResponse, **STREAM_OR_JSON}})
-async def chat(request: Request, body: ChatBody, serving: ServingDep) -> Response:
+async def chat(request: Request, body: ChatBody, serving: ChatServing) -> Response:
     """A multi-turn conversation, rendered with the model's chat template; SSE or not."""
     started_at = time.monotonic()
     created = int(time.time())

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.openai.embeddings import MAX_INPUTS, run_embed, token_lists_of
 from inferflux.api.openai.generation import CLIENT_CLOSED_REQUEST, check_model
 
@@ -57,8 +58,13 @@ class EmbeddingsResponse(_Strict):
 EmbeddingsBody = Annotated[EmbeddingsRequest, Depends(json_body(EmbeddingsRequest))]
 
 
+EmbeddingsServing = Annotated[ServingState, Depends(serving_for(EmbeddingsRequest))]
+
+
 @router.post("/embeddings", responses={200: {"model": EmbeddingsResponse}})
-async def embeddings(request: Request, body: EmbeddingsBody, serving: ServingDep) -> Response:
+async def embeddings(
+    request: Request, body: EmbeddingsBody, serving: EmbeddingsServing
+) -> Response:
     """One vector per input text: the mean of the model's hidden states, L2-normalized."""
     info = serving.model_info
     model = check_model(body.model, info)

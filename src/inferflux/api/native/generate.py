@@ -11,7 +11,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.native.generation import Outcome, build_request, respond
 from inferflux.api.native.protocol import NativeGenerateRequest, NativeGenerateResponse
 from inferflux.api.openai.generation import check_model, tokenize
@@ -28,8 +29,11 @@ STREAM_OR_JSON: dict[str, object] = {
 }
 
 
+GenerateServing = Annotated[ServingState, Depends(serving_for(NativeGenerateRequest))]
+
+
 @router.post("/generate", responses={200: {"model": NativeGenerateResponse, **STREAM_OR_JSON}})
-async def generate(request: Request, body: GenerateBody, serving: ServingDep) -> Response:
+async def generate(request: Request, body: GenerateBody, serving: GenerateServing) -> Response:
     """Continue `prompt` (no chat template); streaming (SSE) or not."""
     started_at = time.monotonic()
     created = int(time.time())

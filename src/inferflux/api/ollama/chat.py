@@ -7,8 +7,8 @@ come back as `message.tool_calls: [{id, function: {index, name, arguments: {...}
 streamed as one line per completed call, never as `<tool_call>` text. `format` ("json"
 or a JSON schema) constrains the output (`protocol.format_constraint`); with `tools` it
 is a 400. Refused with a 400: `images` (text-only models). An empty `messages` list is
-Ollama's load request (`done_reason` "load", or "unload" with `keep_alive: 0`; the model
-stays resident either way).
+Ollama's load request (`done_reason` "load", or "unload" with `keep_alive: 0`: the model
+unloads once idle unless it is the default).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, json_body
-from inferflux.api.ollama.generate import load_response
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import ModelsDep, serving_for
+from inferflux.api.ollama.generate import keep_alive, load_response
 from inferflux.api.ollama.models import resolve_model
 from inferflux.api.ollama.protocol import OllamaChatRequest, format_constraint
 from inferflux.api.ollama.responder import (
@@ -86,11 +87,17 @@ class ChatShape:
         }
 
 
+ChatServing = Annotated[ServingState, Depends(serving_for(OllamaChatRequest))]
+
+
 @router.post("/api/chat")
-async def chat(request: Request, body: ChatBody, serving: ServingDep) -> Response:
+async def chat(
+    request: Request, body: ChatBody, serving: ChatServing, models: ModelsDep
+) -> Response:
     """Ollama's chat: NDJSON unless `stream` is false."""
     progress = Progress(started_ns=time.monotonic_ns())
     model = resolve_model(body.model, serving.model_info)
+    keep_alive(models, serving, body.keep_alive_s())
     messages = body.template_messages()
     output = await format_constraint(body.format, serving.constraints)
     plan = body.tool_plan(serving.constraints.check_schema_bounds)

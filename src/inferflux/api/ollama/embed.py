@@ -18,7 +18,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, ServingState, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.ollama.models import resolve_model
 from inferflux.api.ollama.protocol import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from inferflux.api.ollama.responder import json_response
@@ -74,8 +75,13 @@ async def run_embed(
     return await until_disconnect(request, serving.engine.embed(inputs, normalize=normalize))
 
 
+EmbedServing = Annotated[ServingState, Depends(serving_for(OllamaEmbedRequest))]
+
+EmbeddingsServing = Annotated[ServingState, Depends(serving_for(OllamaEmbeddingsRequest))]
+
+
 @router.post("/api/embed")
-async def embed(request: Request, body: EmbedBody, serving: ServingDep) -> Response:
+async def embed(request: Request, body: EmbedBody, serving: EmbedServing) -> Response:
     """Ollama's embed: normalized vectors for one input or a list."""
     started_ns = time.monotonic_ns()
     model = resolve_model(body.model, serving.model_info)
@@ -109,7 +115,9 @@ async def embed(request: Request, body: EmbedBody, serving: ServingDep) -> Respo
 
 
 @router.post("/api/embeddings")
-async def embeddings(request: Request, body: EmbeddingsBody, serving: ServingDep) -> Response:
+async def embeddings(
+    request: Request, body: EmbeddingsBody, serving: EmbeddingsServing
+) -> Response:
     """Ollama's legacy embeddings: one prompt, its raw vector."""
     resolve_model(body.model, serving.model_info)
     if not body.prompt:

@@ -9,7 +9,8 @@ Refused with a 400: `images` (text-only models), `suffix` (no fill-in-the-middle
 `template` (Ollama's Go templates; InferFlux renders the model's Jinja chat template).
 `format` ("json" or a JSON schema) constrains the output (`protocol.format_constraint`).
 `think` is ignored.
-`keep_alive` is accepted: the model stays resident whatever it says (no unloading yet).
+`keep_alive` sets how long the model stays loaded once idle (`0`: unload as soon as this
+request ends; negative: forever); the default model is never unloaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, ServingState, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import ModelRouter, ModelsDep, serving_for
 from inferflux.api.ollama.models import resolve_model
 from inferflux.api.ollama.protocol import OllamaGenerateRequest, format_constraint
 from inferflux.api.ollama.responder import (
@@ -60,7 +62,7 @@ class GenerateShape:
 
 def load_response(model: str, keep_alive_s: float | None, message: bool) -> dict[str, object]:
     """Ollama's answer to a request with nothing to generate: `done_reason` "load", or
-    "unload" for `keep_alive: 0` (InferFlux keeps the model resident either way)."""
+    "unload" for `keep_alive: 0` (the model unloads once idle unless it is the default)."""
     body: dict[str, object] = {"model": model, "created_at": created_at()}
     if message:
         body["message"] = {"role": "assistant", "content": ""}
@@ -69,6 +71,12 @@ def load_response(model: str, keep_alive_s: float | None, message: bool) -> dict
     body["done"] = True
     body["done_reason"] = "unload" if keep_alive_s == 0 else "load"
     return body
+
+
+def keep_alive(models: ModelRouter, serving: ServingState, seconds: float | None) -> None:
+    """Apply a request's `keep_alive` (seconds; None: the model keeps its deadline)."""
+    if seconds is not None:
+        models.keep_alive(serving.model_info.model_id, seconds)
 
 
 def check_supported(body: OllamaGenerateRequest) -> None:
@@ -102,11 +110,17 @@ async def prompt_token_ids(body: OllamaGenerateRequest, serving: ServingState) -
     return context + await tokenize(serving.tokenizer, text, add_special=add_special)
 
 
+GenerateServing = Annotated[ServingState, Depends(serving_for(OllamaGenerateRequest))]
+
+
 @router.post("/api/generate")
-async def generate(request: Request, body: GenerateBody, serving: ServingDep) -> Response:
+async def generate(
+    request: Request, body: GenerateBody, serving: GenerateServing, models: ModelsDep
+) -> Response:
     """Ollama's generate: NDJSON unless `stream` is false."""
     progress = Progress(started_ns=time.monotonic_ns())
     model = resolve_model(body.model, serving.model_info)
+    keep_alive(models, serving, body.keep_alive_s())
     check_supported(body)
     output = await format_constraint(body.format, serving.constraints)
     if not body.prompt:

@@ -1,15 +1,17 @@
 """Ollama's model routes: `/api/tags`, `/api/show`, `/api/ps`, `/api/version`, and `/`.
 
-Owns: Ollama model names (the served id, also with `:latest`; `resolve_model`), the
+Owns: Ollama model names (ids and aliases, also with `:latest`; `resolve_model`), the
 model descriptions Ollama clients read (`details`, `model_info`, `modelfile`,
 `parameters`), and the liveness text at `/`. GGUF facts (parameter count, quantization,
-metadata keys) come from `engine/gguf_metadata.py`, read once per model file off the
-event loop.
+metadata keys, MoE experts) come from `engine/gguf_metadata.py`, read once per model file
+off the event loop; a registered model that is not loaded is described from its file
+without loading it.
 
-Honest differences from Ollama: `digest` identifies the served file (a SHA-256 of its id,
-size and mtime), not its content; `template` is the Jinja chat template InferFlux renders
-(Ollama's are Go templates); `modelfile` is descriptive only; the model never unloads, so
-`/api/ps` reports it with an `expires_at` ~292 years ahead (Ollama's "forever").
+Honest differences from Ollama: `digest` is the file's SHA-256 when the registry
+verified it, else a SHA-256 of its id, size and mtime (the single `model.path` without
+`model.sha256`); `template` is the Jinja chat template InferFlux renders (Ollama's are Go
+templates); `modelfile` is descriptive only; `/api/ps` shows a model without keep_alive
+(the default model always) with an `expires_at` ~292 years ahead (Ollama's "forever").
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import anyio
 from fastapi import APIRouter, Depends
 from starlette.responses import PlainTextResponse, Response
 
-from inferflux.api.deps import ServingDep, ServingState, json_body
+from inferflux.api.deps import json_body
+from inferflux.api.model_cards import (
+    find_view,
+    human_number,
+    provisional_info,
+    registered_metadata,
+)
+from inferflux.api.model_router import ModelsDep, ModelView
 from inferflux.api.ollama.protocol import (
     DEFAULT_REPEAT_LAST_N,
     DEFAULT_REPEAT_PENALTY,
@@ -33,12 +42,15 @@ from inferflux.api.ollama.protocol import (
     OllamaShowRequest,
 )
 from inferflux.api.ollama.responder import json_response, rfc3339_nano
+from inferflux.engine.chat_template import fallback_template
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InvalidRequest, ModelNotFound
 
 router = APIRouter(tags=["ollama"])
 ShowBody = Annotated[OllamaShowRequest, Depends(json_body(OllamaShowRequest))]
+
+__all__ = ["human_number", "ollama_name", "parameters_text", "resolve_model", "router"]
 
 # The Ollama API version whose wire format these routes follow (clients gate features on it).
 OLLAMA_COMPAT_VERSION = "0.12.0"
@@ -48,45 +60,35 @@ _PARAMETER_WIDTH = 30
 
 
 def ollama_name(info: ModelInfo) -> str:
-    """The served model as Ollama names it: `<id>:latest` unless the id has a tag."""
+    """The model as Ollama names it: `<id>:latest` unless the id has a tag."""
     return info.model_id if ":" in info.model_id else f"{info.model_id}:latest"
 
 
 def resolve_model(requested: str | None, info: ModelInfo) -> str:
     """The name to answer with (the client's spelling). Raises InvalidRequest (400) when
-    it is missing and ModelNotFound (404, Ollama's message) when it is not served."""
+    it is missing and ModelNotFound (404, Ollama's message) when it is not this model."""
     if not requested:
         raise InvalidRequest("model is required", param="model")
-    if requested in (info.model_id, ollama_name(info)):
+    if requested == ollama_name(info) or info.serves(requested.removesuffix(":latest")):
         return requested
     raise ModelNotFound(f"model '{requested}' not found", param="model")
 
 
-def human_number(count: int) -> str:
-    """Ollama's `parameter_size` (format.HumanNumber): 134.52M, 3.2B, 7B, 512K."""
-    if count >= 1_000_000_000:
-        number = count / 1_000_000_000
-        return f"{int(number)}B" if number.is_integer() else f"{number:.1f}B"
-    if count >= 1_000_000:
-        number = count / 1_000_000
-        return f"{int(number)}M" if number.is_integer() else f"{number:.2f}M"
-    if count >= 1_000:
-        return f"{count / 1_000:.0f}K"
-    return str(count)
-
-
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def _metadata(path: str, size_bytes: int, mtime: int) -> GgufMetadata:
     return read_gguf_metadata(path)  # size and mtime: a replaced file is read again
 
 
 async def gguf_metadata(info: ModelInfo) -> GgufMetadata:
-    """The served file's GGUF header (parsed once, on a worker thread)."""
+    """A loaded model's GGUF header (parsed once, on a worker thread)."""
     return await anyio.to_thread.run_sync(_metadata, info.path, info.size_bytes, info.created)
 
 
 def digest(info: ModelInfo) -> str:
-    """A stable identity of the served file (not a content hash: see the module doc)."""
+    """The file's SHA-256 when the registry verified it, else a stable identity of the
+    file (see the module doc)."""
+    if info.sha256:
+        return info.sha256
     key = f"{info.model_id}|{info.size_bytes}|{info.created}"
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -153,9 +155,7 @@ def modelfile_text(info: ModelInfo, template: str) -> str:
     )
 
 
-def show_body(serving: ServingState, meta: GgufMetadata) -> dict[str, object]:
-    info = serving.model_info
-    template = serving.chat_template.source
+def show_body(info: ModelInfo, template: str, meta: GgufMetadata) -> dict[str, object]:
     license_text = meta.values.get("general.license")
     return {
         "license": license_text if isinstance(license_text, str) else "",
@@ -169,35 +169,64 @@ def show_body(serving: ServingState, meta: GgufMetadata) -> dict[str, object]:
     }
 
 
+async def _described(view: ModelView) -> tuple[ModelInfo, GgufMetadata] | None:
+    """A model's facts: the loaded model's, else its file header's (None: unreadable)."""
+    if view.info is not None:
+        return view.info, await gguf_metadata(view.info)
+    meta = await registered_metadata(view.path)
+    return None if meta is None else (provisional_info(view, meta), meta)
+
+
 @router.get("/api/tags")
-async def list_models(serving: ServingDep) -> Response:
-    """The served model, in Ollama's `/api/tags` shape."""
-    meta = await gguf_metadata(serving.model_info)
-    return json_response({"models": [model_entry(serving.model_info, meta)]})
+async def list_models(models: ModelsDep) -> Response:
+    """Every registered model, in Ollama's `/api/tags` shape (loaded or not)."""
+    entries = []
+    for view in models.models():
+        described = await _described(view) if view.listed() else None
+        if described is not None:
+            entries.append(model_entry(*described))
+    return json_response({"models": entries})
 
 
 @router.post("/api/show")
-async def show_model(serving: ServingDep, body: ShowBody) -> Response:
-    """Details, parameters, template and GGUF metadata of the served model."""
-    resolve_model(body.model or body.name, serving.model_info)
-    meta = await gguf_metadata(serving.model_info)
-    return json_response(show_body(serving, meta))
+async def show_model(models: ModelsDep, body: ShowBody) -> Response:
+    """Details, parameters, template and GGUF metadata of a model; a model that is not
+    loaded is described from its file, without loading it."""
+    name = body.model or body.name
+    if not name:
+        raise InvalidRequest("model is required", param="model")
+    view = find_view(models.models(), name)
+    described = await _described(view) if view is not None else None
+    if view is None or described is None:
+        raise ModelNotFound(f"model '{name}' not found", param="model")
+    info, meta = described
+    serving = models.resident(view.model_id)
+    if serving is not None:
+        template = serving.chat_template.source
+    else:
+        chat = meta.values.get("tokenizer.chat_template")
+        template = chat if isinstance(chat, str) else fallback_template(info.architecture)
+    return json_response(show_body(info, template, meta))
 
 
 @router.get("/api/ps")
-async def running_models(serving: ServingDep) -> Response:
-    """The loaded model: always the served one while a worker is ready."""
-    info = serving.model_info
-    if not serving.engine.ready:
-        return json_response({"models": []})
-    meta = await gguf_metadata(info)
-    entry = model_entry(info, meta)
-    del entry["modified_at"]
-    gpu = serving.settings.runtime.n_gpu_layers != 0
-    entry["expires_at"] = rfc3339_nano(time.time_ns() + _FOREVER_NS)
-    entry["size_vram"] = info.size_bytes if gpu else 0
-    entry["context_length"] = info.n_ctx
-    return json_response({"models": [entry]})
+async def running_models(models: ModelsDep) -> Response:
+    """The loaded models whose engine takes requests, with their keep_alive deadline."""
+    entries = []
+    for view in models.models():
+        serving = models.resident(view.model_id) if view.state == "loaded" else None
+        if serving is None or not serving.engine.ready:
+            continue
+        info = serving.model_info
+        entry = model_entry(info, await gguf_metadata(info))
+        del entry["modified_at"]
+        gpu = serving.settings.runtime.n_gpu_layers != 0
+        left_ns = _FOREVER_NS if view.expires_in_s is None else int(view.expires_in_s * 1e9)
+        entry["expires_at"] = rfc3339_nano(time.time_ns() + left_ns)
+        entry["size_vram"] = info.size_bytes if gpu else 0
+        entry["context_length"] = info.n_ctx
+        entries.append(entry)
+    return json_response({"models": entries})
 
 
 @router.get("/api/version")

@@ -9,15 +9,19 @@ Owns the plain chat choice shape (`ChatChoice`). Validation lives in `protocol.p
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ChatBody, ServingDep
+from inferflux.api.deps import ChatBody, ServingState
+from inferflux.api.model_router import serving_for
 from inferflux.api.openai.chat_tools import ToolChatChoice, plan_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope, chat_chunk_choice
 from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
 from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
+from inferflux.api.openai.protocol import ChatCompletionRequest
 from inferflux.api.openai.responder import Choice, ChoiceRenderer, Responder, build_choices
 from inferflux.api.tools import tools_constraint
 from inferflux.engine.messages import RequestDelta
@@ -56,8 +60,13 @@ class ChatChoice:
         }
 
 
+ChatServing = Annotated[ServingState, Depends(serving_for(ChatCompletionRequest))]
+
+
 @router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request, body: ChatBody, serving: ServingDep) -> Response:
+async def create_chat_completion(
+    request: Request, body: ChatBody, serving: ChatServing
+) -> Response:
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
     model = check_model(body.model, serving.model_info)
     reject_unsupported(body)

@@ -9,10 +9,13 @@ Validation lives in `protocol.py` and `compat.py`, the n-choice round trip in
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import CompletionBody, ServingDep
+from inferflux.api.deps import CompletionBody, ServingState
+from inferflux.api.model_router import serving_for
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
 from inferflux.api.openai.generation import (
@@ -27,6 +30,7 @@ from inferflux.api.openai.logprobs import (
     TokenTexts,
     prompt_entries,
 )
+from inferflux.api.openai.protocol import CompletionRequest
 from inferflux.api.openai.responder import Choice, Responder, build_choices
 from inferflux.engine.messages import RequestDelta
 from inferflux.engine.protocol import Tokenizer
@@ -88,9 +92,12 @@ async def _prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], n_vocab: in
     return prompt
 
 
+CompletionServing = Annotated[ServingState, Depends(serving_for(CompletionRequest))]
+
+
 @router.post("/v1/completions")
 async def create_completion(
-    request: Request, body: CompletionBody, serving: ServingDep
+    request: Request, body: CompletionBody, serving: CompletionServing
 ) -> Response:
     """OpenAI (legacy) text completions: several prompts, n choices each, streaming or not."""
     model = check_model(body.model, serving.model_info)

@@ -22,7 +22,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingDep, ServingState, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.openai.generation import (
     CLIENT_CLOSED_REQUEST,
     check_model,
@@ -170,8 +171,13 @@ def embedding_list(result: EmbeddingResult, model: str, encoding_format: str) ->
     }
 
 
+EmbeddingServing = Annotated[ServingState, Depends(serving_for(EmbeddingRequest))]
+
+
 @router.post("/v1/embeddings")
-async def create_embeddings(request: Request, body: EmbeddingBody, serving: ServingDep) -> Response:
+async def create_embeddings(
+    request: Request, body: EmbeddingBody, serving: EmbeddingServing
+) -> Response:
     """One vector per input: the mean of the model's hidden states, L2-normalized."""
     info = serving.model_info
     model = check_model(body.model, info)

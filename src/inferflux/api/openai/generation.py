@@ -45,8 +45,9 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 
 
 def check_model(requested: str | None, model_info: ModelInfo) -> str:
-    """The model id to answer with; raises ModelNotFound for a model we do not serve."""
-    if requested is None or requested == model_info.model_id:
+    """The model id to answer with (an alias answers with the id); raises ModelNotFound
+    for a name that is not this model's (the route's `serving_for` already resolved it)."""
+    if model_info.serves(requested) or model_info.serves((requested or "").removesuffix(":latest")):
         return model_info.model_id
     raise ModelNotFound(
         f"the model '{requested}' does not exist on this server; it serves "

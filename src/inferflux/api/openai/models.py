@@ -1,47 +1,34 @@
-"""GET /v1/models and /v1/models/{id}: the one served model, in OpenAI's shapes plus
-InferFlux `meta`."""
+"""GET /v1/models and /v1/models/{id}: the registered models, in OpenAI's shapes plus
+InferFlux `meta` (GGUF facts, aliases, whether the model is loaded and the default)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from inferflux.api.deps import ModelInfoDep
-from inferflux.engine.protocol import ModelInfo
+from inferflux.api.model_cards import model_card, registered_card
+from inferflux.api.model_router import ModelsDep
 from inferflux.errors import ModelNotFound
 
 router = APIRouter(tags=["openai"])
 
-
-def model_card(info: ModelInfo) -> dict[str, object]:
-    """OpenAI's model object for `info`, with llama.cpp facts under `meta`."""
-    return {
-        "id": info.model_id,
-        "object": "model",
-        "created": info.created,
-        "owned_by": "inferflux",
-        "meta": {
-            "architecture": info.architecture,
-            "n_ctx": info.n_ctx,
-            "n_ctx_train": info.n_ctx_train,
-            "n_vocab": info.n_vocab,
-            "size_bytes": info.size_bytes,
-        },
-    }
+__all__ = ["model_card", "router"]
 
 
 @router.get("/v1/models")
-async def list_models(info: ModelInfoDep) -> dict[str, object]:
-    """The models this server serves (one, for now)."""
-    return {"object": "list", "data": [model_card(info)]}
+async def list_models(models: ModelsDep) -> dict[str, object]:
+    """Every registered model, the default first; loaded ones with their full facts."""
+    cards = [await registered_card(view) for view in models.models() if view.listed()]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, info: ModelInfoDep) -> dict[str, object]:
-    """One model by id; 404 (OpenAI's `model_not_found`) for a model this server lacks."""
-    if model_id != info.model_id:
-        raise ModelNotFound(
-            f"the model '{model_id}' does not exist on this server; it serves "
-            f"'{info.model_id}' (GET /v1/models)",
-            param="model",
-        )
-    return model_card(info)
+async def retrieve_model(model_id: str, models: ModelsDep) -> dict[str, object]:
+    """One model by id or alias; 404 (OpenAI's `model_not_found`) for one this server
+    lacks."""
+    for view in models.models():
+        if view.listed() and (model_id == view.model_id or model_id in view.aliases):
+            return await registered_card(view)
+    raise ModelNotFound(
+        f"the model '{model_id}' does not exist on this server (GET /v1/models lists the models)",
+        param="model",
+    )

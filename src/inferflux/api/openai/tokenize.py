@@ -13,7 +13,8 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Depends
 
-from inferflux.api.deps import ServingDep, json_body
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.model_router import serving_for
 from inferflux.api.openai.generation import check_model, check_token_ids, tokenize, tokenize_chat
 from inferflux.api.openai.logprobs import TokenTexts
 from inferflux.api.openai.protocol import DetokenizeRequest, TokenizeRequest, template_messages
@@ -27,8 +28,13 @@ TokenizeBody = Annotated[TokenizeRequest, Depends(json_body(TokenizeRequest))]
 DetokenizeBody = Annotated[DetokenizeRequest, Depends(json_body(DetokenizeRequest))]
 
 
+TokenizeServing = Annotated[ServingState, Depends(serving_for(TokenizeRequest))]
+
+DetokenizeServing = Annotated[ServingState, Depends(serving_for(DetokenizeRequest))]
+
+
 @router.post("/tokenize")
-async def tokenize_text(body: TokenizeBody, serving: ServingDep) -> dict[str, object]:
+async def tokenize_text(body: TokenizeBody, serving: TokenizeServing) -> dict[str, object]:
     """Token ids of a prompt or of chat messages, their count and the context size."""
     check_model(body.model, serving.model_info)
     add_special = body.add_special_override()
@@ -62,7 +68,7 @@ async def tokenize_text(body: TokenizeBody, serving: ServingDep) -> dict[str, ob
 
 
 @router.post("/detokenize")
-async def detokenize_tokens(body: DetokenizeBody, serving: ServingDep) -> dict[str, object]:
+async def detokenize_tokens(body: DetokenizeBody, serving: DetokenizeServing) -> dict[str, object]:
     """The text of token ids (special tokens render as empty); 400 for unknown ids."""
     check_model(body.model, serving.model_info)
     check_token_ids(body.tokens, serving.model_info.n_vocab, "tokens")

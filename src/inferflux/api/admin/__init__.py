@@ -1,0 +1,1 @@
+"""Admin routes under `/v1/admin/` (the security layer requires the `admin` scope)."""

@@ -1,0 +1,55 @@
+"""`ModelLoader`: a `ModelSpec` in, a ready `ModelSlot` out (or an error, and nothing left).
+
+`EngineModelLoader` verifies the file and loads its vocabulary on a worker thread (the
+event loop keeps serving the other models), starts the model's own engine workers with
+the model's settings, and waits for the first one to be ready. A failure at any step
+stops what was started and raises: ModelVerificationFailed, ModelLoadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from inferflux.api.model_slot import ModelSlot, build_serving
+from inferflux.api.telemetry import Telemetry
+from inferflux.config.settings import Settings
+from inferflux.engine.model_files import load_model
+from inferflux.engine.model_spec import ModelSpec, model_settings
+from inferflux.engine.protocol import EngineClient, ModelInfo
+
+EngineFactory = Callable[[Settings, ModelInfo], EngineClient]
+
+
+class ModelLoader(Protocol):
+    async def load(self, spec: ModelSpec) -> ModelSlot:
+        """A resident, ready model for `spec`. Raises ModelLoadError (or a subclass)."""
+        ...
+
+
+class EngineModelLoader:
+    """Loads models into engine workers of their own."""
+
+    def __init__(self, settings: Settings, telemetry: Telemetry, engines: EngineFactory) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+        self.engines = engines
+
+    async def load(self, spec: ModelSpec) -> ModelSlot:
+        started_at = time.monotonic()
+        settings = model_settings(self.settings, spec)
+        info, tokenizer = await asyncio.to_thread(load_model, spec, settings)
+        try:
+            engine = self.engines(settings, info)
+            serving = build_serving(settings, engine, tokenizer, info, self.telemetry)
+            try:
+                await serving.engine.start()
+            except BaseException:
+                await serving.engine.shutdown()
+                raise
+        except BaseException:
+            await asyncio.to_thread(tokenizer.close)
+            raise
+        return ModelSlot(spec, serving, close=tokenizer.close, load_s=time.monotonic() - started_at)

@@ -1,0 +1,186 @@
+"""`ModelRouter`: the seam between the routes and the models the server holds.
+
+Routes resolve the request's `model` (an id or alias, Ollama's `name:latest` too) to the
+`ServingState` of a resident model with `lease`, and hold it until their response is
+sent: a model being swapped out finishes those requests before it is retired. The admin
+routes drive the lifecycle through `ModelLifecycle` (load, unload, swap, set default).
+`ModelManager` (model_manager.py) implements both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol, cast
+
+from fastapi import Depends, Request
+from pydantic import BaseModel
+
+from inferflux.api.deps import ServingState, json_body
+from inferflux.api.errors import OLLAMA_PATH_PREFIX
+from inferflux.config.manifest import Manifest, ManifestEntry
+from inferflux.engine.protocol import ModelInfo, WorkerStatus
+from inferflux.errors import ModelNotFound
+
+ModelState = Literal["loaded", "loading", "registered", "retiring", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """One model as listings show it. `info` is None until the model has been loaded."""
+
+    model_id: str
+    aliases: tuple[str, ...]
+    path: str
+    source: str  # config, manifest or admin
+    is_default: bool
+    state: ModelState
+    info: ModelInfo | None = None
+    num_in_flight: int = 0  # HTTP requests holding the model now
+    load_s: float | None = None  # verify + vocabulary + first worker, seconds
+    idle_s: float | None = None  # since its last request ended (resident models)
+    expires_in_s: float | None = None  # Ollama keep_alive left; None = no deadline
+    error: str | None = None  # why the last load failed (state "failed")
+    registered: bool = True  # False: a manifest entry refused before registration
+    workers: tuple[WorkerStatus, ...] = ()  # of a loaded or retiring model
+
+    def listed(self) -> bool:
+        """Shown by the client-facing listings (/v1/models, /api/tags)."""
+        return self.registered and self.state != "retiring"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleResult:
+    """What an admin operation did."""
+
+    action: str
+    model_id: str
+    load_s: float | None = None  # the new model's load, when one was loaded
+    retiring: str | None = None  # the id of a model being drained and retired
+
+
+class ModelRouter(Protocol):
+    """Which models exist, which are resident, and which one a request gets (the routes'
+    side). One event loop."""
+
+    def lease(self, name: str | None) -> AbstractAsyncContextManager[ServingState]:
+        """Hold the model `name` names (None/"": the default) for one request, loading it
+        first if it is registered but not resident. Raises ModelNotFound (404) for an
+        unknown name, ModelLoadError if it cannot be loaded, ServiceUnavailable when every
+        resident model is busy and none can make room."""
+        ...
+
+    def default_serving(self) -> ServingState:
+        """The default model's state (health, stats: no lease taken)."""
+        ...
+
+    def resident(self, name: str) -> ServingState | None:
+        """The state of the model `name` names when it is loaded now (no lease, no load:
+        descriptions only); None when it is not loaded. Raises ModelNotFound."""
+        ...
+
+    def models(self) -> list[ModelView]:
+        """Every registered model, the default first, then by id."""
+        ...
+
+    def workers(self) -> list[WorkerStatus]:
+        """The workers of every resident model, numbered 0..n-1 across models (metrics)."""
+        ...
+
+    def keep_alive(self, name: str, seconds: float) -> None:
+        """Ollama `keep_alive`: unload `name` once idle for `seconds` (0 = as soon as
+        idle; math.inf = never). The default model is never unloaded."""
+        ...
+
+
+class ModelLifecycle(ModelRouter, Protocol):
+    """The admin side: start, stop, load, unload, swap, set the default, follow the
+    manifest. Lifecycle changes run one at a time."""
+
+    async def start(self) -> None:
+        """Start the default model's engine (raises ModelLoadError if it cannot), then
+        load the other registered models up to registry.max_resident_models."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop watching and stop every model's workers."""
+        ...
+
+    async def load(self, entry: ManifestEntry | str) -> LifecycleResult:
+        """Register `entry` (or take the registered id) and make it resident; with
+        `entry.default` it becomes the default once loaded. A failed load raises
+        ModelLoadError/ModelVerificationFailed and changes nothing."""
+        ...
+
+    async def unload(self, model_id: str) -> LifecycleResult:
+        """Retire a resident model (in-flight requests finish first). It stays registered
+        and loads again on the next request that names it. Conflict for the default."""
+        ...
+
+    async def swap(self, entry: ManifestEntry) -> LifecycleResult:
+        """Load `entry` beside the model with its id, switch new requests to it once it is
+        ready, then retire the old one. On failure the old model keeps serving and the
+        error is raised."""
+        ...
+
+    async def set_default(self, model_id: str) -> LifecycleResult:
+        """Make a registered model the default (loading it first when needed)."""
+        ...
+
+    async def sync_manifest(self, manifest: Manifest) -> None:
+        """Apply a changed manifest: load added entries, retire removed ones, swap changed
+        ones, follow its default. Failures are logged and shown by `models()`."""
+        ...
+
+
+def get_models(request: Request) -> ModelLifecycle:
+    return cast(ModelLifecycle, request.app.state.models)
+
+
+ModelsDep = Annotated[ModelLifecycle, Depends(get_models)]
+
+
+def _count_moe(request: Request, serving: ServingState) -> None:
+    info = serving.model_info
+    metrics = getattr(request.app.state, "telemetry", None)
+    metrics = metrics.metrics if metrics is not None else None
+    if info.is_moe and metrics is not None:
+        metrics.moe_requests.labels(info.model_id).inc()
+
+
+def _model_field(body: Any) -> str | None:  # Any: any request model with a `model` field
+    model = getattr(body, "model", None)
+    return model if isinstance(model, str) else None
+
+
+def serving_for(
+    body_model: type[BaseModel], model_of: Callable[[Any], str | None] = _model_field
+) -> Callable[..., AsyncIterator[ServingState]]:
+    """The dependency that leases the model a `body_model` request names (`model_of`
+    reads the name from the parsed body) until the response is fully sent. The body is
+    parsed once: the route's own `json_body(body_model)` dependency is the same one.
+
+    An unknown model is a 404 `model_not_found`: Ollama's message under /api/, OpenAI's
+    with a pointer to GET /v1/models elsewhere."""
+    body_dependency = json_body(body_model)
+
+    async def lease_model(
+        request: Request,
+        body: BaseModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
+    ) -> AsyncIterator[ServingState]:
+        name = model_of(body)
+        try:
+            async with get_models(request).lease(name) as serving:
+                _count_moe(request, serving)
+                yield serving
+        except ModelNotFound as exc:
+            if request.url.path.startswith(OLLAMA_PATH_PREFIX):
+                raise
+            raise ModelNotFound(
+                f"the model '{name}' does not exist on this server (GET /v1/models lists "
+                "the models)",
+                param=exc.param,
+            ) from None
+
+    return lease_model

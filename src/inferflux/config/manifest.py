@@ -1,0 +1,162 @@
+"""The model manifest (`registry.path`): its schema, reading it, and the bytes a signature covers.
+
+Owns: `ManifestEntry` (one model: id, aliases, GGUF path, SHA-256, optional ed25519
+signature, default flag, per-model settings), `Manifest` (the list, with its invariants:
+unique ids and names, at most one default), `read_manifest` and `canonical_entry`. Does
+not own: resolving paths, hashing files or checking signatures (engine/model_verify.py).
+
+The manifest is YAML:
+
+    models:
+      - id: smollm2
+        path: SmolLM2-135M-Instruct.Q4_1.gguf   # relative: inside registry.models_dir
+        sha256: 5c1f...                          # 64 hex digits, required
+        aliases: [smol]
+        default: true
+        n_ctx: 2048                              # optional per-model settings
+        workers: 1
+        n_batch: 256
+        threads: 2
+        signature: 3q2+...                       # optional: ed25519, base64
+
+A signature covers `canonical_entry(entry)`: the entry as written, without `signature`,
+as JSON with sorted keys and no spaces (UTF-8). docs/models.md shows how to sign one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from inferflux.errors import ConfigError
+
+# ids and aliases travel in URLs (/v1/models/{id}) and Ollama names (`id:latest`): no ':'.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$"
+SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+
+
+class ManifestEntry(BaseModel):
+    """One model of the manifest (also the body of an admin-API load)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=MODEL_NAME_PATTERN, description="The name clients send as `model`.")
+    path: str = Field(min_length=1, max_length=4096, description="GGUF file, in models_dir.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 of the file (hex).")
+    aliases: tuple[str, ...] = Field(
+        (), max_length=32, description="Other names that route to this model."
+    )
+    signature: str | None = Field(
+        None, max_length=200, description="ed25519 signature of canonical_entry, base64."
+    )
+    default: bool = Field(False, description="Requests that name no model get this one.")
+    n_ctx: int | None = Field(None, ge=64, le=1_048_576, description="Context per request.")
+    workers: int | None = Field(None, ge=1, le=64, description="Engine worker processes.")
+    n_batch: int | None = Field(
+        None, ge=16, le=65536, description="Token budget of one engine step."
+    )
+    threads: int | None = Field(None, ge=1, le=512, description="CPU threads per worker.")
+    chat_template: str | None = Field(
+        None, max_length=1_000_000, description="A Jinja chat template replacing the GGUF's."
+    )
+
+    @model_validator(mode="after")
+    def _check_aliases(self) -> Self:
+        for alias in self.aliases:
+            if not _valid_name(alias):
+                raise ValueError(f"alias {alias!r} must match {MODEL_NAME_PATTERN}")
+            if alias == self.id:
+                raise ValueError(f"alias {alias!r} repeats the id")
+        return self
+
+    def names(self) -> tuple[str, ...]:
+        """The id, then the aliases."""
+        return (self.id, *self.aliases)
+
+
+def _valid_name(name: str) -> bool:
+    return re.fullmatch(MODEL_NAME_PATTERN, name) is not None
+
+
+class Manifest(BaseModel):
+    """Every model the registry knows. Ids and aliases are unique across entries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: tuple[ManifestEntry, ...] = Field(max_length=1024)
+
+    @model_validator(mode="after")
+    def _check_unique(self) -> Self:
+        seen: dict[str, str] = {}
+        for entry in self.models:
+            for name in entry.names():
+                if name in seen:
+                    raise ValueError(
+                        f"the name {name!r} is used by both {seen[name]!r} and {entry.id!r}: "
+                        "ids and aliases must be unique"
+                    )
+                seen[name] = entry.id
+        defaults = [entry.id for entry in self.models if entry.default]
+        if len(defaults) > 1:
+            raise ValueError(f"several entries are the default ({', '.join(defaults)}): keep one")
+        return self
+
+    def default_id(self) -> str | None:
+        """The entry marked default, else the first one (None when empty)."""
+        for entry in self.models:
+            if entry.default:
+                return entry.id
+        return self.models[0].id if self.models else None
+
+
+def canonical_entry(entry: ManifestEntry) -> bytes:
+    """The bytes an entry's signature covers: the fields written (not defaults filled in),
+    without `signature`, as compact JSON with sorted keys."""
+    data = entry.model_dump(mode="json", exclude={"signature"}, exclude_unset=True)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def parse_manifest(text: str, source: str) -> Manifest:
+    """The manifest in `text` (YAML). Raises ConfigError naming `source`, the entry and
+    the field at fault."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"model manifest {source} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or "models" not in data:
+        raise ConfigError(
+            f"model manifest {source} must be a mapping with a `models:` list (docs/models.md)"
+        )
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Read and validate the manifest file. Raises ConfigError (missing, unreadable,
+    invalid), never anything else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"model manifest {path} does not exist: fix registry.path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model manifest {path} cannot be read: {exc}") from None
+    return parse_manifest(text, str(path))
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid model manifest {source}:"]
+    for err in exc.errors():
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        where = where.lstrip(".") or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key; remove it (docs/models.md lists the keys)")
+            continue
+        lines.append(f"  {where} = {err.get('input')!r}: {err['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""`ModelSpec`: one model the server may load, with its file resolved and its entry verified.
+
+Owns: turning the `model` settings section (`spec_from_settings`) or a manifest entry
+(`spec_from_entry`: path inside the models folder, ed25519 signature) into a `ModelSpec`,
+and the per-model `Settings` a model's workers run with (`model_settings`). Does not own:
+reading files (config/manifest.py), hashing them or loading them (model_files.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from inferflux.config.manifest import ManifestEntry, canonical_entry
+from inferflux.config.settings import Settings
+from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
+
+SpecSource = Literal["config", "manifest", "admin"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A registered model. `sha256` None: not checked (only the `model` section's file
+    may go unchecked). `source` says who registered it: the watcher only touches
+    `manifest` specs."""
+
+    model_id: str
+    path: Path
+    sha256: str | None
+    aliases: tuple[str, ...] = ()
+    is_default: bool = False
+    n_ctx: int | None = None
+    workers: int | None = None
+    n_batch: int | None = None
+    threads: int | None = None
+    chat_template: str | None = None
+    source: SpecSource = "config"
+
+    def names(self) -> tuple[str, ...]:
+        return (self.model_id, *self.aliases)
+
+
+def spec_from_settings(settings: Settings, path: Path) -> ModelSpec:
+    """The one model of the `model` section (today's `model.path`), at `path`."""
+    model = settings.model
+    return ModelSpec(
+        model_id=model.id or path.name.removesuffix(".gguf"),
+        path=path,
+        sha256=model.sha256.lower() if model.sha256 else None,
+        is_default=True,
+        n_ctx=model.ctx_size,
+        chat_template=model.chat_template,
+        source="config",
+    )
+
+
+def spec_from_entry(
+    entry: ManifestEntry, folder: Path, verifier: SignatureVerifier, source: SpecSource
+) -> ModelSpec:
+    """Check the entry's signature and resolve its path inside `folder`. Raises
+    ModelVerificationFailed (bad signature, path escaping the folder)."""
+    verifier.verify(entry.id, canonical_entry(entry), entry.signature)
+    return ModelSpec(
+        model_id=entry.id,
+        path=resolve_in_folder(folder, entry.path),
+        sha256=entry.sha256.lower(),
+        aliases=entry.aliases,
+        is_default=entry.default,
+        n_ctx=entry.n_ctx,
+        workers=entry.workers,
+        n_batch=entry.n_batch,
+        threads=entry.threads,
+        chat_template=entry.chat_template,
+        source=source,
+    )
+
+
+def model_settings(settings: Settings, spec: ModelSpec) -> Settings:
+    """`settings` with the spec's per-model values in place (workers, threads, n_batch,
+    n_ctx, chat template, path and id). The server-wide values fill the gaps."""
+    runtime = settings.runtime.model_copy(
+        update={
+            "workers": spec.workers or settings.runtime.workers,
+            "n_threads": spec.threads or settings.runtime.n_threads,
+        }
+    )
+    scheduler = settings.scheduler.model_copy(
+        update={"max_batch_tokens": spec.n_batch or settings.scheduler.max_batch_tokens}
+    )
+    model = settings.model.model_copy(
+        update={
+            "path": str(spec.path),
+            "id": spec.model_id,
+            "ctx_size": spec.n_ctx or settings.model.ctx_size,
+            "chat_template": spec.chat_template,
+            "sha256": spec.sha256,
+        }
+    )
+    return settings.model_copy(update={"runtime": runtime, "scheduler": scheduler, "model": model})
