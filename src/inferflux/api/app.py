@@ -68,7 +68,9 @@ def create_app(
     template (the GGUF's, or `model.chat_template`) does not compile.
     """
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
-    plan = registry or single_model_plan(settings, Path(model_info.path), model_info.model_id)
+    plan = registry or single_model_plan(
+        settings, Path(model_info.path), model_info.model_id, model_info.aliases
+    )
     models: ModelManager | None = None
     telemetry = make_telemetry(
         settings, lambda: models.workers() if models else [], model_info, tracer_provider

@@ -237,13 +237,19 @@ class ModelManager:
         task.add_done_callback(self._tasks.discard)
 
     # -- registry -------------------------------------------------------------------------
-    def _register(self, spec: ModelSpec) -> None:
-        """Add or replace `spec` (lock held). Raises Conflict when one of its names
-        belongs to another model."""
+    def _check_names(self, spec: ModelSpec) -> None:
+        """Raise Conflict when one of the spec's names routes to another model."""
         for name in spec.names():
             owner = self._names.get(name)
             if owner is not None and owner != spec.model_id:
-                raise Conflict(f"the name {name!r} already routes to model {owner!r}")
+                raise Conflict(
+                    f"the name {name!r} already routes to model {owner!r}", param="aliases"
+                )
+
+    def _register(self, spec: ModelSpec) -> None:
+        """Add or replace `spec` (lock held). Raises Conflict when one of its names
+        belongs to another model."""
+        self._check_names(spec)
         self._unregister(spec.model_id)
         self._specs[spec.model_id] = spec
         self._names.update(dict.fromkeys(spec.names(), spec.model_id))
@@ -292,6 +298,7 @@ class ModelManager:
                         param="id",
                     )
                 spec = self._spec(entry, "admin")
+                self._check_names(spec)  # before loading, not after
             return await self._load_spec(spec, make_default=spec.is_default)
 
     async def _load_spec(self, spec: ModelSpec, *, make_default: bool) -> LifecycleResult:
@@ -299,7 +306,12 @@ class ModelManager:
         load_s = None
         if slot is None:
             await self._make_room()
-            slot = await self._load_slot(spec)
+            try:
+                slot = await self._load_slot(spec)
+            except InferfluxError:
+                if spec.model_id not in self._specs:  # the caller has the error; no listing
+                    self._errors.pop(spec.model_id, None)
+                raise
             self._register(spec)
             self._slots[spec.model_id] = slot
             load_s = slot.load_s
@@ -335,9 +347,7 @@ class ModelManager:
                 f"model '{entry.id}' is not registered: use action load", param="id"
             )
         spec = self._spec(entry, old_spec.source)
-        for name in spec.names():  # fail before loading, not after
-            if self._names.get(name, spec.model_id) != spec.model_id:
-                raise Conflict(f"the name {name!r} already routes to model {self._names[name]!r}")
+        self._check_names(spec)  # before loading, not after
         if spec.model_id not in self._slots:
             await self._make_room()
         slot = await self._load_slot(spec)

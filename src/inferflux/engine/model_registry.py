@@ -32,7 +32,9 @@ class RegistryPlan:
     manifest: Manifest | None = field(default=None, compare=False)
 
 
-def single_model_plan(settings: Settings, path: Path, model_id: str | None = None) -> RegistryPlan:
+def single_model_plan(
+    settings: Settings, path: Path, model_id: str | None = None, aliases: tuple[str, ...] = ()
+) -> RegistryPlan:
     """No manifest: the `model` section's file is the one (default) model (`model_id`
     overrides its id); admin-API loads resolve in registry.models_dir, else that file's
     folder. Raises ConfigError for a bad registry.public_keys entry."""
@@ -41,7 +43,7 @@ def single_model_plan(settings: Settings, path: Path, model_id: str | None = Non
     verifier = SignatureVerifier.from_settings(registry.public_keys, registry.require_signatures)
     default = spec_from_settings(settings, path)
     if model_id is not None:
-        default = dataclasses.replace(default, model_id=model_id)
+        default = dataclasses.replace(default, model_id=model_id, aliases=aliases)
     return RegistryPlan(default=default, models_dir=folder, verifier=verifier)
 
 

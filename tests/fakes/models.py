@@ -1,0 +1,47 @@
+"""`FakeModelLoader`: a `ModelLoader` whose models are `FakeEngineClient`s, for unit tests of the
+model manager's pure logic (routing, LRU, swap, drain). It verifies and loads nothing real."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from inferflux.api.model_slot import ModelSlot, build_serving
+from inferflux.api.telemetry import Telemetry, make_telemetry
+from inferflux.config.settings import Settings
+from inferflux.engine.model_spec import ModelSpec
+from inferflux.errors import ModelLoadError
+from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
+
+
+class FakeModelLoader:
+    """Builds a slot per spec. `fail[path name]` raises that error; `gate` (when set)
+    holds every load until it is set; `loads` lists the ids loaded, in order."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.telemetry: Telemetry = make_telemetry(settings, lambda: [], fake_model_info())
+        self.fail: dict[str, ModelLoadError] = {}
+        self.gate: asyncio.Event | None = None
+        self.loads: list[str] = []
+        self.engines: dict[str, FakeEngineClient] = {}  # by path name
+
+    def slot(self, spec: ModelSpec) -> ModelSlot:
+        info = dataclasses.replace(
+            fake_model_info(), model_id=spec.model_id, path=str(spec.path), aliases=spec.aliases
+        )
+        engine = FakeEngineClient(pieces=[spec.path.name])
+        self.engines[spec.path.name] = engine
+        serving = build_serving(self.settings, engine, FakeTokenizer(), info, self.telemetry)
+        return ModelSlot(spec, serving, load_s=0.01)
+
+    async def load(self, spec: ModelSpec) -> ModelSlot:
+        if self.gate is not None:
+            await self.gate.wait()
+        error = self.fail.get(spec.path.name)
+        if error is not None:
+            raise error
+        self.loads.append(spec.model_id)
+        slot = self.slot(spec)
+        await slot.serving.engine.start()
+        return slot
