@@ -124,11 +124,10 @@ def _include_routers(app: FastAPI) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
     while the default model loads; stop every model's engine on exit."""
-    serving: ServingState = app.state.serving
     models: ModelManager = app.state.models
     app.state.engine_start_error = None
-    logger.info("starting the engine for %s", serving.model_info.model_id)
-    starting = asyncio.create_task(_start_engine(app, serving, models), name="engine-start")
+    logger.info("starting the engine for %s", app.state.serving.model_info.model_id)
+    starting = asyncio.create_task(_start_engine(app, models), name="engine-start")
     try:
         yield
     finally:
@@ -139,7 +138,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.telemetry.shutdown()
 
 
-async def _start_engine(app: FastAPI, serving: ServingState, models: ModelManager) -> None:
+async def _start_engine(app: FastAPI, models: ModelManager) -> None:
     """Wait for the default model's first ready worker (the other models then load in
     the background). If none can start, record why on `app.state.engine_start_error` and
     call `app.state.request_shutdown` when the runner set one (`inferflux serve` does, and
@@ -153,6 +152,8 @@ async def _start_engine(app: FastAPI, serving: ServingState, models: ModelManage
         if request_shutdown is not None:
             request_shutdown()
         return
+    # NOTE: read from app.state, never kept: a swapped-out model must be collectable
+    serving: ServingState = app.state.serving
     logger.info(
         "ready: serving %s (n_ctx %d, %s chat template)",
         serving.model_info.model_id,

@@ -30,7 +30,7 @@ from typing import Any
 from inferflux.api.deps import ServingState
 from inferflux.api.model_loader import ModelLoader
 from inferflux.api.model_router import LifecycleResult, ModelState, ModelView
-from inferflux.api.model_slot import ModelSlot
+from inferflux.api.model_slot import ModelSlot, release_freed_memory
 from inferflux.api.registry_watch import ManifestWatcher
 from inferflux.config.manifest import Manifest, ManifestEntry
 from inferflux.config.settings import RegistrySettings
@@ -227,6 +227,8 @@ class ModelManager:
             await slot.retire(self._settings.drain_timeout_s)
         finally:
             self._retiring.discard(slot)
+        del slot
+        await asyncio.to_thread(release_freed_memory)
 
     def _retire_later(self, slot: ModelSlot) -> None:
         self._spawn(self._retire(slot), f"retire-{slot.model_id}")
