@@ -83,7 +83,7 @@ def create_app(
     models = ModelManager(
         settings.registry,
         plan,
-        ModelSlot(plan.default, serving),
+        ModelSlot(plan.default, serving, close=getattr(tokenizer, "close", None)),
         EngineModelLoader(settings, telemetry, engines),
         on_default=lambda current: setattr(app.state, "serving", current),
     )

@@ -1,4 +1,5 @@
-"""GET /server/stats: a JSON snapshot of the server, its model and every engine worker.
+"""GET /server/stats: a JSON snapshot of the server, its default model and its workers, and
+the state of every registered model.
 
 Read-only and cheap (no engine round trip): worker state comes from the latest stats
 each worker sent with its last step; throughput from the app's `ThroughputMeter`, fed by
@@ -14,6 +15,7 @@ from fastapi import APIRouter
 
 from inferflux import __version__
 from inferflux.api.deps import ServingDep, TelemetryDep
+from inferflux.api.model_router import ModelsDep
 from inferflux.api.openai.models import model_card
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
@@ -52,9 +54,12 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
 
 
 @router.get("/server/stats")
-async def server_stats(serving: ServingDep, telemetry: TelemetryDep) -> dict[str, object]:
-    """Uptime, the served model, queue depth per priority, active batches, per-worker status
-    and load, cache statistics, and token throughput over the last 10 s and minute."""
+async def server_stats(
+    serving: ServingDep, telemetry: TelemetryDep, models: ModelsDep
+) -> dict[str, object]:
+    """Uptime, the default model, queue depth per priority, active batches, per-worker
+    status and load, cache statistics and token throughput (of the default model's
+    workers), token throughput over the last 10 s and minute, and every model's state."""
     statuses = serving.engine.workers()
     throughput = {}
     for name, window_s in _THROUGHPUT_WINDOWS.items():
@@ -81,4 +86,14 @@ async def server_stats(serving: ServingDep, telemetry: TelemetryDep) -> dict[str
         "prefix_cache": cache_stats(statuses),
         "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],
+        "models": [
+            {
+                "id": v.model_id,
+                "state": v.state,
+                "default": v.is_default,
+                "num_in_flight": v.num_in_flight,
+                "num_workers": len(v.workers),
+            }
+            for v in models.models()
+        ],  # fmt: skip
     }

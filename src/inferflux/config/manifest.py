@@ -5,7 +5,8 @@ signature, default flag, per-model settings), `Manifest` (the list, with its inv
 unique ids and names, at most one default), `read_manifest` and `canonical_entry`. Does
 not own: resolving paths, hashing files or checking signatures (engine/model_verify.py).
 
-The manifest is YAML:
+The manifest is YAML: a list of entries (what `inferctl pull` writes to
+`DIR/models.yaml`), or a mapping whose `models:` holds that list:
 
     models:
       - id: smollm2
@@ -63,6 +64,9 @@ class ManifestEntry(BaseModel):
     threads: int | None = Field(None, ge=1, le=512, description="CPU threads per worker.")
     chat_template: str | None = Field(
         None, max_length=1_000_000, description="A Jinja chat template replacing the GGUF's."
+    )
+    source: str | None = Field(
+        None, max_length=4096, description="Where the file came from (`inferctl pull`)."
     )
 
     @model_validator(mode="after")
@@ -128,9 +132,12 @@ def parse_manifest(text: str, source: str) -> Manifest:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"model manifest {source} is not valid YAML: {exc}") from None
+    if isinstance(data, list):  # the form `inferctl pull` writes: the entries alone
+        data = {"models": data}
     if not isinstance(data, dict) or "models" not in data:
         raise ConfigError(
-            f"model manifest {source} must be a mapping with a `models:` list (docs/models.md)"
+            f"model manifest {source} must be a list of entries or a mapping with a "
+            "`models:` list (docs/models.md)"
         )
     try:
         return Manifest.model_validate(data)

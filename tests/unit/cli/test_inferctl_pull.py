@@ -47,3 +47,13 @@ def test_models_dir_prefers_dest_then_env(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("INFERFLUX_MODELS_DIR")
     monkeypatch.setenv("HOME", "/home/u")
     assert models_dir(None) == Path("/home/u/.cache/inferflux/models")
+
+
+def test_update_manifest_keeps_the_mapping_form(tmp_path):
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(
+        yaml.safe_dump({"models": [{"id": "a", "path": "a.gguf", "sha256": "1" * 64}]})
+    )
+    update_manifest(manifest, {"id": "b", "path": "/m/b.gguf", "sha256": "2" * 64})
+    data = yaml.safe_load(manifest.read_text())
+    assert [e["id"] for e in data["models"]] == ["a", "b"]

