@@ -292,16 +292,26 @@ class ModelManager:
         async with self._lock:
             if isinstance(entry, str):
                 spec = self._specs[self._resolve(entry)]
-            else:
-                if entry.id in self._specs:
-                    raise Conflict(
-                        f"model {entry.id!r} is already registered: use action swap to "
-                        "replace its file, or unload it",
-                        param="id",
-                    )
-                spec = self._spec(entry, "admin")
-                self._check_names(spec)  # before loading, not after
-            return await self._load_spec(spec, make_default=spec.is_default)
+                return await self._load_spec(spec, make_default=False)
+            spec = self._admin_spec(entry)
+            return await self._load_spec(spec, make_default=entry.default)
+
+    def _admin_spec(self, entry: ManifestEntry) -> ModelSpec:
+        """The spec an admin `load` names: a new one, or the registered one when the
+        entry repeats it exactly (a retried or repeated load). Conflict otherwise."""
+        spec = self._spec(entry, "admin")
+        registered = self._specs.get(entry.id)
+        if registered is None:
+            self._check_names(spec)  # before loading, not after
+            return spec
+        same = dataclasses.replace(spec, is_default=registered.is_default, source=registered.source)
+        if same != registered:
+            raise Conflict(
+                f"model {entry.id!r} is already registered with another file or settings: "
+                "use action swap to replace it",
+                param="id",
+            )
+        return registered
 
     async def _load_spec(self, spec: ModelSpec, *, make_default: bool) -> LifecycleResult:
         slot = self._slots.get(spec.model_id)

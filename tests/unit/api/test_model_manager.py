@@ -147,7 +147,7 @@ async def test_swap_and_load_refuse_conflicts_before_loading(h: Harness) -> None
     with pytest.raises(ModelNotFound, match="use action load"):
         await h.manager.swap(entry("new", "new.gguf"))
     with pytest.raises(Conflict, match="use action swap"):
-        await h.manager.load(entry("b", "b.gguf"))
+        await h.manager.load(entry("b", "b2.gguf"))
     with pytest.raises(Conflict, match="'alpha' already routes to model 'a'"):
         await h.manager.load(entry("d", "d.gguf", aliases=["alpha"]))
     with pytest.raises(Conflict, match="'alpha' already routes"):
@@ -164,6 +164,16 @@ async def test_load_registers_and_can_make_the_default(h: Harness) -> None:
     views = {v.model_id: v for v in h.manager.models()}
     assert views["d"].is_default and views["d"].source == "admin"
     assert not views["a"].is_default
+
+
+async def test_repeating_a_load_is_idempotent(h: Harness) -> None:
+    first = await h.manager.load(entry("d", "d.gguf"))
+    again = await h.manager.load(entry("d", "d.gguf"))
+    assert first.load_s is not None and again.load_s is None and h.loader.loads == ["d"]
+    await h.manager.unload("d")
+    await h.settle()
+    reloaded = await h.manager.load(entry("d", "d.gguf"))  # unloaded, still registered
+    assert reloaded.load_s is not None and h.loader.loads == ["d", "d"]
 
 
 async def test_unload(h: Harness) -> None:
