@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 from inferflux.api.model_slot import ModelSlot, build_serving
 from inferflux.api.telemetry import Telemetry, make_telemetry
@@ -28,17 +29,25 @@ class FakeModelLoader:
 
     def slot(self, spec: ModelSpec) -> ModelSlot:
         info = dataclasses.replace(
-            fake_model_info(), model_id=spec.model_id, path=str(spec.path), aliases=spec.aliases
+            fake_model_info(),
+            model_id=spec.model_id,
+            path=str(spec.path),
+            aliases=spec.aliases,
+            adapters=spec.adapters,
+            base_model_id=spec.base_id or "",
         )
-        engine = FakeEngineClient(pieces=[spec.path.name])
-        self.engines[spec.path.name] = engine
+        # keyed by the file that makes the model: its adapter's, else its own
+        name = Path(spec.adapters[-1].path).name if spec.adapters else spec.path.name
+        engine = FakeEngineClient(pieces=[name])
+        self.engines[name] = engine
         serving = build_serving(self.settings, engine, FakeTokenizer(), info, self.telemetry)
         return ModelSlot(spec, serving, load_s=0.01)
 
     async def load(self, spec: ModelSpec) -> ModelSlot:
         if self.gate is not None:
             await self.gate.wait()
-        error = self.fail.get(spec.path.name)
+        name = Path(spec.adapters[-1].path).name if spec.adapters else spec.path.name
+        error = self.fail.get(name)
         if error is not None:
             raise error
         self.loads.append(spec.model_id)

@@ -185,3 +185,44 @@ async def streams_during(
 
     results = await asyncio.gather(*(client_loop(i) for i in range(clients)))
     return [outcome for outcomes in results for outcome in outcomes]
+
+
+def write_lora(
+    target: Path,
+    base_gguf: str,
+    *,
+    rank: int = 4,
+    targets: tuple[str, ...] = ("attn_q", "attn_v"),
+    std: float = 0.25,
+    seed: int = 0,
+) -> Path:
+    """A real LoRA adapter GGUF for `base_gguf`, written with the `gguf` package: rank
+    `rank` A/B pairs (`blk.N.<target>.weight.lora_a/_b`, random normal × `std`, seeded) for
+    every layer's `targets`, with the metadata llama.cpp reads (`general.type adapter`,
+    `adapter.type lora`, `adapter.lora.alpha`). The delta is large enough to change the
+    logits measurably."""
+    import gguf  # noqa: PLC0415  # a dev dependency, only for this generator
+    import numpy as np  # noqa: PLC0415
+
+    reader = gguf.GGUFReader(base_gguf)
+    field = reader.fields["general.architecture"]
+    architecture = bytes(field.parts[field.data[0]]).decode()
+    writer = gguf.GGUFWriter(str(target), architecture)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(rank))
+    rng = np.random.default_rng(seed)
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in targets:
+            continue
+        n_in, n_out = (int(n) for n in tensor.shape[:2])  # GGUF order: ne0 = input width
+        lora_a = (rng.standard_normal((rank, n_in)) * std).astype(np.float32)
+        lora_b = (rng.standard_normal((n_out, rank)) * std).astype(np.float32)
+        writer.add_tensor(f"{tensor.name}.lora_a", lora_a)
+        writer.add_tensor(f"{tensor.name}.lora_b", lora_b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target

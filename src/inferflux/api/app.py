@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from inferflux import __version__
 from inferflux.api import debug, health, metrics, stats
+from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
@@ -114,8 +115,10 @@ def _include_routers(app: FastAPI) -> None:
         embeddings.router,
         native_embeddings.router,
         ollama_router,
-        # NOTE(#6): admin routes; the security layer attaches require_scope(Scope.ADMIN).
+        # NOTE(#6): admin routes; the security layer attaches require_scope(Scope.ADMIN)
+        # to admin_models and require_scope(Scope.ADAPTER_MANAGER) to admin_adapters.
         admin_models.router,
+        admin_adapters.router,
     ):
         app.include_router(router)
 

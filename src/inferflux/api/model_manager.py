@@ -32,10 +32,15 @@ from inferflux.api.model_loader import ModelLoader
 from inferflux.api.model_router import LifecycleResult, ModelState, ModelView
 from inferflux.api.model_slot import ModelSlot, release_freed_memory
 from inferflux.api.registry_watch import ManifestWatcher
-from inferflux.config.manifest import Manifest, ManifestEntry
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.config.settings import RegistrySettings
 from inferflux.engine.model_registry import RegistryPlan
-from inferflux.engine.model_spec import ModelSpec, SpecSource, spec_from_entry
+from inferflux.engine.model_spec import (
+    ModelSpec,
+    SpecSource,
+    spec_from_adapter,
+    spec_from_entry,
+)
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.errors import Conflict, InferfluxError, ModelNotFound, ServiceUnavailable
 
@@ -82,8 +87,12 @@ class ModelManager:
 
     # -- ModelRouter ----------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def lease(self, name: str | None) -> AsyncIterator[ServingState]:
+    async def lease(
+        self, name: str | None, adapter: str | None = None
+    ) -> AsyncIterator[ServingState]:
         model_id = self._resolve(name)
+        if adapter is not None:
+            model_id = self._resolve(f"{model_id}:{adapter}")
         while True:
             slot = self._slots.get(model_id)
             if slot is None:
@@ -108,7 +117,8 @@ class ModelManager:
         views += [
             ModelView(slot.model_id, slot.spec.aliases, str(slot.spec.path), slot.spec.source,
                       False, "retiring", slot.serving.model_info, slot.num_leases, slot.load_s,
-                      workers=tuple(slot.serving.engine.workers()))
+                      workers=tuple(slot.serving.engine.workers()),
+                      adapter_of=slot.spec.base_id, adapters=slot.spec.adapters)
             for slot in self._retiring
         ]  # fmt: skip
         failed = [i for i in self._errors if i not in self._specs]
@@ -128,6 +138,7 @@ class ModelManager:
         view = ModelView(
             spec.model_id, spec.aliases, str(spec.path), spec.source,
             spec.model_id == self._default, state, error=self._errors.get(spec.model_id),
+            adapter_of=spec.base_id, adapters=spec.adapters,
         )  # fmt: skip
         if slot is None:
             return view
@@ -334,7 +345,7 @@ class ModelManager:
     def _spec(self, entry: ManifestEntry, source: SpecSource) -> ModelSpec:
         return spec_from_entry(entry, self._plan.models_dir, self._plan.verifier, source)
 
-    async def unload(self, model_id: str) -> LifecycleResult:
+    async def unload(self, model_id: str, *, forget: bool = False) -> LifecycleResult:
         async with self._lock:
             model_id = self._resolve(model_id)
             if model_id == self._default:
@@ -346,7 +357,32 @@ class ModelManager:
             slot = self._slots.pop(model_id, None)
             if slot is not None:
                 self._retire_later(slot)
+            if forget:
+                self._unregister(model_id)
+                self._errors.pop(model_id, None)
             return LifecycleResult("unload", model_id, retiring=model_id if slot else None)
+
+    async def load_adapter(self, entry: AdapterEntry, *, replace: bool = False) -> LifecycleResult:
+        async with self._lock:
+            base = self._specs[self._resolve(entry.base)]
+            if base.adapters:
+                raise Conflict(
+                    f"{base.model_id!r} already is an adapter model: name its base model",
+                    param="base",
+                )
+            spec = spec_from_adapter(entry, base, self._plan.models_dir, self._plan.verifier)
+            registered = self._specs.get(spec.model_id)
+            if registered is not None and not replace:
+                raise Conflict(
+                    f"the adapter {spec.model_id!r} is already loaded: use action swap to "
+                    "replace it, or unload it",
+                    param="id",
+                )
+            if registered is None:
+                result = await self._load_spec(spec, make_default=False)
+            else:
+                result = await self._replace(spec)
+            return dataclasses.replace(result, action="swap" if replace else "load")
 
     async def swap(self, entry: ManifestEntry) -> LifecycleResult:
         async with self._lock:
@@ -358,7 +394,10 @@ class ModelManager:
             raise ModelNotFound(
                 f"model '{entry.id}' is not registered: use action load", param="id"
             )
-        spec = self._spec(entry, old_spec.source)
+        return await self._replace(self._spec(entry, old_spec.source))
+
+    async def _replace(self, spec: ModelSpec) -> LifecycleResult:
+        """Load `spec` beside the model with its id, switch, retire the old (lock held)."""
         self._check_names(spec)  # before loading, not after
         if spec.model_id not in self._slots:
             await self._make_room()

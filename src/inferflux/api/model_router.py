@@ -19,8 +19,8 @@ from pydantic import BaseModel
 
 from inferflux.api.deps import ServingState, json_body
 from inferflux.api.errors import OLLAMA_PATH_PREFIX
-from inferflux.config.manifest import Manifest, ManifestEntry
-from inferflux.engine.protocol import ModelInfo, WorkerStatus
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
+from inferflux.engine.protocol import LoraAdapter, ModelInfo, WorkerStatus
 from inferflux.errors import ModelNotFound
 
 ModelState = Literal["loaded", "loading", "registered", "retiring", "failed"]
@@ -44,6 +44,8 @@ class ModelView:
     error: str | None = None  # why the last load failed (state "failed")
     registered: bool = True  # False: a manifest entry refused before registration
     workers: tuple[WorkerStatus, ...] = ()  # of a loaded or retiring model
+    adapter_of: str | None = None  # a LoRA model: the id of its base model
+    adapters: tuple[LoraAdapter, ...] = ()  # a LoRA model: its adapters
 
     def listed(self) -> bool:
         """Shown by the client-facing listings (/v1/models, /api/tags)."""
@@ -64,11 +66,14 @@ class ModelRouter(Protocol):
     """Which models exist, which are resident, and which one a request gets (the routes'
     side). One event loop."""
 
-    def lease(self, name: str | None) -> AbstractAsyncContextManager[ServingState]:
+    def lease(
+        self, name: str | None, adapter: str | None = None
+    ) -> AbstractAsyncContextManager[ServingState]:
         """Hold the model `name` names (None/"": the default) for one request, loading it
-        first if it is registered but not resident. Raises ModelNotFound (404) for an
-        unknown name, ModelLoadError if it cannot be loaded, ServiceUnavailable when every
-        resident model is busy and none can make room."""
+        first if it is registered but not resident; with `adapter`, the model
+        `<that model's id>:<adapter>` (its LoRA adapter). Raises ModelNotFound (404) for
+        an unknown name, ModelLoadError if it cannot be loaded, ServiceUnavailable when
+        every resident model is busy and none can make room."""
         ...
 
     def default_serving(self) -> ServingState:
@@ -94,9 +99,9 @@ class ModelRouter(Protocol):
         ...
 
 
-class ModelLifecycle(ModelRouter, Protocol):
+class ModelLifecycle(Protocol):
     """The admin side: start, stop, load, unload, swap, set the default, follow the
-    manifest. Lifecycle changes run one at a time."""
+    manifest, load LoRA adapters. Lifecycle changes run one at a time."""
 
     async def start(self) -> None:
         """Start the default model's engine (raises ModelLoadError if it cannot), then
@@ -113,9 +118,17 @@ class ModelLifecycle(ModelRouter, Protocol):
         ModelLoadError/ModelVerificationFailed and changes nothing."""
         ...
 
-    async def unload(self, model_id: str) -> LifecycleResult:
+    async def unload(self, model_id: str, *, forget: bool = False) -> LifecycleResult:
         """Retire a resident model (in-flight requests finish first). It stays registered
-        and loads again on the next request that names it. Conflict for the default."""
+        and loads again on the next request that names it, unless `forget` (then it is
+        unregistered: 404 from now on). Conflict for the default."""
+        ...
+
+    async def load_adapter(self, entry: AdapterEntry, *, replace: bool = False) -> LifecycleResult:
+        """Serve `<base id>:<entry.id>`: the base model's file with the LoRA adapter, in
+        workers of its own (a context holds one adapter set, so no batch mixes sets).
+        `replace` swaps the adapter of a loaded one (old requests finish on the old).
+        Verification as for models; Conflict for an existing adapter without `replace`."""
         ...
 
     async def swap(self, entry: ManifestEntry) -> LifecycleResult:
@@ -134,11 +147,16 @@ class ModelLifecycle(ModelRouter, Protocol):
         ...
 
 
-def get_models(request: Request) -> ModelLifecycle:
+def get_models(request: Request) -> ModelRouter:
+    return cast(ModelRouter, request.app.state.models)
+
+
+def get_lifecycle(request: Request) -> ModelLifecycle:
     return cast(ModelLifecycle, request.app.state.models)
 
 
-ModelsDep = Annotated[ModelLifecycle, Depends(get_models)]
+ModelsDep = Annotated[ModelRouter, Depends(get_models)]
+LifecycleDep = Annotated[ModelLifecycle, Depends(get_lifecycle)]
 
 
 def _count_moe(request: Request, serving: ServingState) -> None:
@@ -149,16 +167,14 @@ def _count_moe(request: Request, serving: ServingState) -> None:
         metrics.moe_requests.labels(info.model_id).inc()
 
 
-def _model_field(body: Any) -> str | None:  # Any: any request model with a `model` field
-    model = getattr(body, "model", None)
-    return model if isinstance(model, str) else None
+def _str_field(body: Any, name: str) -> str | None:  # Any: a request model
+    value = getattr(body, name, None)
+    return value if isinstance(value, str) else None
 
 
-def serving_for(
-    body_model: type[BaseModel], model_of: Callable[[Any], str | None] = _model_field
-) -> Callable[..., AsyncIterator[ServingState]]:
-    """The dependency that leases the model a `body_model` request names (`model_of`
-    reads the name from the parsed body) until the response is fully sent. The body is
+def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[ServingState]]:
+    """The dependency that leases the model a `body_model` request names (its `model`,
+    and its `adapter` when it has one) until the response is fully sent. The body is
     parsed once: the route's own `json_body(body_model)` dependency is the same one.
 
     An unknown model is a 404 `model_not_found`: Ollama's message under /api/, OpenAI's
@@ -169,17 +185,18 @@ def serving_for(
         request: Request,
         body: BaseModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
     ) -> AsyncIterator[ServingState]:
-        name = model_of(body)
+        name, adapter = _str_field(body, "model"), _str_field(body, "adapter")
         try:
-            async with get_models(request).lease(name) as serving:
+            async with get_models(request).lease(name, adapter) as serving:
                 _count_moe(request, serving)
                 yield serving
         except ModelNotFound as exc:
             if request.url.path.startswith(OLLAMA_PATH_PREFIX):
                 raise
+            shown = name if adapter is None else f"{name or ''}:{adapter}"
             raise ModelNotFound(
-                f"the model '{name}' does not exist on this server (GET /v1/models lists "
-                "the models)",
+                f"the model '{shown}' does not exist on this server (GET /v1/models lists "
+                "the models and their adapters)",
                 param=exc.param,
             ) from None
 

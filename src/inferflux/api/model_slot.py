@@ -36,10 +36,12 @@ logger = logging.getLogger(__name__)
 
 
 def system_fingerprint(model_info: ModelInfo) -> str:
-    """OpenAI's `system_fingerprint`: changes when the server version or model file does."""
+    """OpenAI's `system_fingerprint`: changes when the server version, the model file or
+    its LoRA adapters do."""
+    adapters = ",".join(f"{a.sha256}*{a.scale:g}" for a in model_info.adapters)
     key = (
         f"{__version__}|{model_info.model_id}|{model_info.size_bytes}|{model_info.created}"
-        f"|{model_info.sha256}"
+        f"|{model_info.sha256}|{adapters}"
     )
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
 

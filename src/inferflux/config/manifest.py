@@ -118,7 +118,23 @@ class Manifest(BaseModel):
         return self.models[0].id if self.models else None
 
 
-def canonical_entry(entry: ManifestEntry) -> bytes:
+class AdapterEntry(BaseModel):
+    """A LoRA adapter (GGUF) bound to a base model (the body of an admin-API adapter load).
+    It is served as the model `<base id>:<id>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=MODEL_NAME_PATTERN, description="The adapter's name.")
+    base: str = Field(min_length=1, max_length=128, description="The base model id or alias.")
+    path: str = Field(min_length=1, max_length=4096, description="LoRA GGUF, in models_dir.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 of the file (hex).")
+    scale: float = Field(1.0, ge=-16, le=16, description="Multiplier of the adapter's delta.")
+    signature: str | None = Field(
+        None, max_length=200, description="ed25519 signature of canonical_entry, base64."
+    )
+
+
+def canonical_entry(entry: ManifestEntry | AdapterEntry) -> bytes:
     """The bytes an entry's signature covers: the fields written (not defaults filled in),
     without `signature`, as compact JSON with sorted keys."""
     data = entry.model_dump(mode="json", exclude={"signature"}, exclude_unset=True)

@@ -20,7 +20,7 @@ from inferflux.engine.grammar import grammar_limits
 from inferflux.engine.model_spec import ModelSpec, model_settings, spec_from_settings
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import ModelInfo
-from inferflux.errors import ModelLoadError
+from inferflux.errors import ModelLoadError, ModelVerificationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ def load_model(spec: ModelSpec, settings: Settings) -> tuple[ModelInfo, LlamaTok
             tokenizer = LlamaTokenizer(load_path, grammar_limits(settings))
         except ModelLoadError as exc:  # name the file, not /proc/self/fd/N
             raise ModelLoadError(exc.message.replace(load_path, str(path))) from None
+    try:
+        check_adapters(spec, tokenizer.architecture)
+    except BaseException:
+        tokenizer.close()
+        raise
     n_ctx = settings.model.ctx_size or min(
         tokenizer.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX
     )
@@ -107,5 +112,31 @@ def load_model(spec: ModelSpec, settings: Settings) -> tuple[ModelInfo, LlamaTok
         quantization=meta.quantization_name,
         n_experts=meta.n_experts,
         n_active_experts=meta.n_active_experts,
+        adapters=spec.adapters,
+        base_model_id=spec.base_id or "",
     )
     return info, tokenizer
+
+
+def check_adapters(spec: ModelSpec, architecture: str) -> None:
+    """Verify each adapter of `spec` (SHA-256) and that its GGUF header is a LoRA adapter
+    for `architecture`, before any worker starts. Raises ModelVerificationFailed."""
+    for adapter in spec.adapters:
+        with verified_file(adapter.path, adapter.sha256) as load_path:
+            try:
+                meta = read_gguf_metadata(load_path)
+            except ModelLoadError:
+                meta = None
+        kind = (meta.values.get("general.type"), meta.values.get("adapter.type")) if meta else None
+        if meta is None or kind != ("adapter", "lora"):
+            raise ModelVerificationFailed(
+                f"{adapter.path} is not a LoRA adapter GGUF (general.type adapter, "
+                "adapter.type lora)",
+                param="path",
+            )
+        if meta.architecture != architecture:
+            raise ModelVerificationFailed(
+                f"the LoRA adapter {adapter.path} is for {meta.architecture}, not for the "
+                f"base model's architecture {architecture}",
+                param="path",
+            )

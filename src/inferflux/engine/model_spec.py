@@ -8,13 +8,15 @@ reading files (config/manifest.py), hashing them or loading them (model_files.py
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from inferflux.config.manifest import ManifestEntry, canonical_entry
+from inferflux.config.manifest import AdapterEntry, ManifestEntry, canonical_entry
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
+from inferflux.engine.protocol import LoraAdapter
 
 SpecSource = Literal["config", "manifest", "admin"]
 
@@ -36,6 +38,8 @@ class ModelSpec:
     threads: int | None = None
     chat_template: str | None = None
     source: SpecSource = "config"
+    adapters: tuple[LoraAdapter, ...] = ()  # LoRA on top of the base weights
+    base_id: str | None = None  # with adapters: the base model's id
 
     def names(self) -> tuple[str, ...]:
         return (self.model_id, *self.aliases)
@@ -73,6 +77,29 @@ def spec_from_entry(
         threads=entry.threads,
         chat_template=entry.chat_template,
         source=source,
+    )
+
+
+def spec_from_adapter(
+    entry: AdapterEntry, base: ModelSpec, folder: Path, verifier: SignatureVerifier
+) -> ModelSpec:
+    """The model `<base id>:<adapter id>`: the base's file and settings plus the adapter.
+    Raises ModelVerificationFailed (bad signature, path escaping the folder)."""
+    verifier.verify(entry.id, canonical_entry(entry), entry.signature)
+    adapter = LoraAdapter(
+        adapter_id=entry.id,
+        path=str(resolve_in_folder(folder, entry.path)),
+        sha256=entry.sha256.lower(),
+        scale=entry.scale,
+    )
+    return dataclasses.replace(
+        base,
+        model_id=f"{base.model_id}:{entry.id}",
+        aliases=(),
+        is_default=False,
+        source="admin",
+        adapters=(*base.adapters, adapter),
+        base_id=base.model_id,
     )
 
 

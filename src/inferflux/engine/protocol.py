@@ -15,6 +15,16 @@ from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, Ste
 
 
 @dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter (GGUF) applied to every sequence of a model's workers."""
+
+    adapter_id: str
+    path: str
+    sha256: str  # checked by every process before llama.cpp reads the file
+    scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     """What the API needs to know about the served model."""
 
@@ -34,6 +44,8 @@ class ModelInfo:
     quantization: str = "unknown"  # Q4_K_M, F16, ... (GGUF general.file_type)
     n_experts: int = 0  # MoE experts per layer (GGUF `<arch>.expert_count`); 0 = dense
     n_active_experts: int = 0  # MoE experts used per token (`<arch>.expert_used_count`)
+    adapters: tuple[LoraAdapter, ...] = ()  # LoRA applied on top of the base weights
+    base_model_id: str = ""  # with adapters: the id of the base model ("" otherwise)
 
     @property
     def is_moe(self) -> bool:
@@ -41,7 +53,9 @@ class ModelInfo:
 
     def serves(self, name: str | None) -> bool:
         """True when `name` (the request's `model`) is this model's id or an alias."""
-        return name is None or name == self.model_id or name in self.aliases
+        if name is None or name == self.model_id or name in self.aliases:
+            return True
+        return bool(self.base_model_id) and name == self.base_model_id  # + `adapter` field
 
 
 @dataclass(frozen=True, slots=True)

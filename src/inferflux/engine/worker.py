@@ -13,6 +13,7 @@ request leaves as one `EmbedResult`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -44,7 +45,7 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.model_verify import verified_file
-from inferflux.engine.protocol import ModelInfo
+from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging
@@ -75,6 +76,7 @@ class WorkerConfig:
     exit_with_parent: bool = True
     scheduling: SchedulerSettings = field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
     model_sha256: str = ""  # checked before llama.cpp reads the file; "" = no check
+    adapters: tuple[LoraAdapter, ...] = ()  # verified like the model, then applied
 
 
 def worker_config(
@@ -113,6 +115,7 @@ def worker_config(
         exit_with_parent=exit_with_parent,
         scheduling=scheduler,
         model_sha256=model_info.sha256,
+        adapters=model_info.adapters,
     )
 
 
@@ -149,11 +152,22 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     """Verify and load the model, and wire backend + scheduler. Raises ModelLoadError
     (ModelVerificationFailed when the file no longer matches its SHA-256)."""
     path = config.context.model_path
-    with verified_file(path, config.model_sha256 or None) as load_path:
+    with contextlib.ExitStack() as files:
+        load_path = files.enter_context(verified_file(path, config.model_sha256 or None))
+        names = {load_path: path}
+        lora = []
+        for adapter in config.adapters:
+            adapter_path = files.enter_context(verified_file(adapter.path, adapter.sha256))
+            names[adapter_path] = adapter.path
+            lora.append((adapter_path, adapter.scale))
+        context = dataclasses.replace(config.context, model_path=load_path, lora=tuple(lora))
         try:
-            backend = LlamaCppBackend(dataclasses.replace(config.context, model_path=load_path))
-        except ModelLoadError as exc:  # name the file, not /proc/self/fd/N
-            raise ModelLoadError(exc.message.replace(load_path, path)) from None
+            backend = LlamaCppBackend(context)
+        except ModelLoadError as exc:  # name the files, not /proc/self/fd/N
+            message = exc.message
+            for fd_path, real in names.items():
+                message = message.replace(fd_path, real)
+            raise ModelLoadError(message) from None
     cache = _prefix_cache(config)
     kv_capacity: int | None = None
     if config.context.kv_unified:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferflux.api.model_manager import ModelManager
-from inferflux.config.manifest import Manifest, ManifestEntry
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.config.settings import Settings
 from inferflux.engine.model_registry import RegistryPlan
 from inferflux.engine.model_spec import ModelSpec
@@ -55,6 +55,10 @@ class Harness:
 
     async def serving_path(self, name: str | None) -> str:
         async with self.manager.lease(name) as serving:
+            return serving.model_info.path
+
+    async def serving_path_adapter(self, name: str | None, adapter: str) -> str:
+        async with self.manager.lease(name, adapter) as serving:
             return serving.model_info.path
 
     def states(self) -> dict[str, str]:
@@ -246,3 +250,50 @@ async def test_workers_are_numbered_across_models_and_shutdown_stops_all(h: Harn
     assert [w.worker_id for w in h.manager.workers()] == [0, 1]
     await h.manager.shutdown()
     assert h.loader.engines["a.gguf"].stopped and h.loader.engines["b.gguf"].stopped
+
+
+def adapter(adapter_id: str, base: str, path: str, **fields: object) -> AdapterEntry:
+    return AdapterEntry.model_validate(
+        {"id": adapter_id, "base": base, "path": path, "sha256": SHA, **fields}
+    )
+
+
+async def test_an_adapter_is_a_model_of_its_own_named_base_colon_adapter(h: Harness) -> None:
+    result = await h.manager.load_adapter(adapter("pirate", "alpha", "pirate.gguf", scale=0.5))
+    assert result.model_id == "a:pirate" and h.loader.loads == ["a:pirate"]
+    async with (
+        h.manager.lease("a:pirate") as by_name,
+        h.manager.lease("alpha", "pirate") as by_field,
+    ):
+        assert by_name is by_field
+        (lora,) = by_name.model_info.adapters
+        assert (lora.adapter_id, lora.scale) == ("pirate", 0.5)
+        assert by_name.model_info.path.endswith("a.gguf")  # the base's file
+    async with h.manager.lease(None) as base:
+        assert base.model_info.adapters == ()  # the base model is untouched
+    with pytest.raises(ModelNotFound, match="'a:nope' not found"):
+        await h.serving_path_adapter("a", "nope")
+    views = {v.model_id: v for v in h.manager.models()}
+    assert views["a:pirate"].adapter_of == "a" and not views["a:pirate"].is_default
+
+
+async def test_adapter_conflicts_swap_and_unload(h: Harness) -> None:
+    await h.manager.load_adapter(adapter("pirate", "a", "pirate.gguf"))
+    with pytest.raises(Conflict, match="use action swap"):
+        await h.manager.load_adapter(adapter("pirate", "a", "pirate2.gguf"))
+    with pytest.raises(Conflict, match="already is an adapter model"):
+        await h.manager.load_adapter(adapter("x", "a:pirate", "x.gguf"))
+    with pytest.raises(ModelNotFound):
+        await h.manager.load_adapter(adapter("x", "zzz", "x.gguf"))
+    with pytest.raises(ModelVerificationFailed, match="outside the models folder"):
+        await h.manager.load_adapter(adapter("x", "a", "../x.gguf"))
+    async with h.manager.lease("a:pirate") as old:
+        result = await h.manager.load_adapter(adapter("pirate", "a", "p2.gguf"), replace=True)
+        assert result.action == "swap" and result.retiring == "a:pirate"
+        async with h.manager.lease("a:pirate") as new:
+            assert new.model_info.adapters[0].path.endswith("p2.gguf")
+        assert old.model_info.adapters[0].path.endswith("pirate.gguf")
+    await h.manager.unload("a:pirate", forget=True)
+    await h.settle()
+    with pytest.raises(ModelNotFound):
+        await h.serving_path("a:pirate")

@@ -22,7 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
-from inferflux.api.model_router import LifecycleResult, ModelLifecycle, ModelsDep, ModelView
+from inferflux.api.model_router import (
+    LifecycleDep,
+    LifecycleResult,
+    ModelLifecycle,
+    ModelsDep,
+    ModelView,
+)
 from inferflux.config.manifest import ManifestEntry
 from inferflux.errors import InvalidRequest
 
@@ -115,10 +121,12 @@ async def _apply(models: ModelLifecycle, body: AdminModelRequest) -> LifecycleRe
 
 
 @router.post("/models")
-async def manage_model(models: ModelsDep, body: AdminModelBody) -> dict[str, object]:
+async def manage_model(
+    models: ModelsDep, lifecycle: LifecycleDep, body: AdminModelBody
+) -> dict[str, object]:
     """Load, unload, swap or set the default model; answers once the change is made."""
     # NOTE: shielded: an admin client that gives up does not undo a half-done swap.
-    result = await asyncio.shield(_apply(models, body))
+    result = await asyncio.shield(_apply(lifecycle, body))
     return {
         "action": result.action,
         "id": result.model_id,

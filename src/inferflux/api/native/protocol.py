@@ -35,6 +35,13 @@ class GenerationKnobs(_Strict):
     """Sampling and delivery fields shared by /generate and /chat."""
 
     model: str | None = Field(None, description="the served model id; omitted = that model")
+    adapter: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="a LoRA adapter of the model (/v1/admin/adapters): same as model "
+        "`<model>:<adapter>`",
+    )
     max_tokens: int | None = Field(
         None, ge=1, description="tokens to generate at most; omitted = what the context leaves"
     )

@@ -209,6 +209,7 @@ class GenerationBody(_Body):
     """Fields `/api/generate` and `/api/chat` share."""
 
     model: str | None = None
+    adapter: str | None = Field(None, min_length=1, max_length=128)  # InferFlux: LoRA adapter
     stream: bool | None = None  # Ollama streams unless told not to
     format: JsonValue = None
     options: OllamaOptions | None = None

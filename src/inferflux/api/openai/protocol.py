@@ -219,6 +219,7 @@ class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
+    adapter: str | None = Field(None, min_length=1, max_length=128)  # InferFlux: LoRA adapter
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -228,6 +228,7 @@ class ContextConfig:
     n_threads_batch: int
     kv_unified: bool
     n_gpu_layers: int = 0
+    lora: tuple[tuple[str, float], ...] = ()  # (adapter path, scale), applied to the context
 
 
 class LlamaCppBackend:
@@ -241,6 +242,8 @@ class LlamaCppBackend:
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
         self._ctx = self._init_context(config)
+        if config.lora:
+            self._apply_lora(config.lora)
         self._memory = ll.llama_get_memory(self._ctx)
         self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
         self._batch = _NumpyBatch(config.n_batch)
@@ -272,6 +275,24 @@ class LlamaCppBackend:
                 f"{config.n_seq_max} sequences: lower model.ctx_size or scheduler.max_num_seqs"
             )
         return ctx
+
+    def _apply_lora(self, lora: tuple[tuple[str, float], ...]) -> None:
+        """Load the adapters and set them on the context, for every sequence. NOTE: the
+        model frees them; a context holds one adapter set, so batches never mix sets."""
+        adapters = (ll.llama_adapter_lora_p_ctypes * len(lora))()
+        scales = (ctypes.c_float * len(lora))()
+        for index, (path, scale) in enumerate(lora):
+            adapter = ll.llama_adapter_lora_init(self._model, path.encode())
+            if not adapter:
+                self.close()
+                raise ModelLoadError(
+                    f"llama.cpp could not load the LoRA adapter {path}: is it a LoRA GGUF "
+                    "made for this model's architecture and shapes?"
+                )
+            adapters[index], scales[index] = adapter, scale
+        if ll.llama_set_adapters_lora(self._ctx, adapters, len(lora), scales) != 0:
+            self.close()
+            raise ModelLoadError("llama.cpp refused to apply the LoRA adapters")
 
     @property
     def model_handle(self) -> Any:  # Any: llama_model*
