@@ -15,6 +15,12 @@ Starts its own server over a temporary models folder (hard links to SmolLM2-135M
                 whether it spanned the switch);
     memory      RSS of the server's process tree (API process and workers) with one model,
                 and again after swapping away and back (old models retired).
+    adapters    `load` of a LoRA adapter (a real one, generated for SmolLM2 by the `gguf`
+                package) as `chat:pirate`, `--repeat` times; then streams on `chat:pirate`
+                while the adapter is swapped for another.
+
+The server's log goes to `--log` (default: a file in the temporary folder, printed when
+an admin call fails).
 
     .venv/bin/python bench/model_swap.py
     .venv/bin/python bench/model_swap.py --clients 16 --max-tokens 16 --repeat 3 \\
@@ -31,6 +37,7 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,9 +47,12 @@ from pathlib import Path
 import httpx
 import yaml
 
-from launch import start_server
+from launch import INFERFLUX
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+from tests.integration.model_registry_setup import write_lora  # noqa: E402
+
 from inferflux.engine.model_files import default_model_path  # noqa: E402
 
 
@@ -117,10 +127,10 @@ def tree_rss_mib(pid: int) -> float:
     return total / 1024
 
 
-async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> Outcome:
+async def stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> Outcome:
     outcome = Outcome(started_at=time.monotonic())
     body = {
-        "model": "chat",
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -156,18 +166,22 @@ def _read(outcome: Outcome, line: str) -> None:
         outcome.completion_tokens = event["usage"]["completion_tokens"]
 
 
-async def under_load(url: str, body: dict, clients: int, max_tokens: int) -> tuple[list, dict]:
+async def under_load(
+    url: str, body: dict, clients: int, max_tokens: int, model: str = "chat"
+) -> tuple[list, dict]:
     """Clients stream back to back while the admin request runs, then once more each."""
+    route = "/v1/admin/adapters" if "base" in body else "/v1/admin/models"
     async with httpx.AsyncClient(base_url=url, timeout=600) as admin:
         swap_started = time.monotonic()
-        swap = asyncio.create_task(admin.post("/v1/admin/models", json=body))
+        swap = asyncio.create_task(admin.post(route, json=body))
 
         async def client_loop(index: int) -> list[Outcome]:
             outcomes = []
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 while True:
                     finished = swap.done()
-                    outcomes.append(await stream(client, f"Story {index}:", max_tokens))
+                    prompt = f"Story {index}:"
+                    outcomes.append(await stream(client, model, prompt, max_tokens))
                     if finished:
                         return outcomes
 
@@ -203,11 +217,16 @@ def tabulate(outcomes: list[Outcome], swap: dict, old: str, max_tokens: int) -> 
     return table
 
 
+LOG: list[Path] = []  # the server's log, shown when an admin call fails
+
+
 def admin(url: str, body: dict) -> tuple[dict, float]:
+    route = "/v1/admin/adapters" if "base" in body else "/v1/admin/models"
     started = time.monotonic()
-    response = httpx.post(f"{url}/v1/admin/models", json=body, timeout=600)
+    response = httpx.post(f"{url}{route}", json=body, timeout=600)
     if response.status_code != 200:
-        raise SystemExit(f"{body['action']} failed: {response.text}")
+        tail = LOG[0].read_text(errors="replace")[-4000:] if LOG else ""
+        raise SystemExit(f"{body['action']} failed: {response.text}\n{tail}")
     return response.json(), time.monotonic() - started
 
 
@@ -220,8 +239,8 @@ def wait_retired(url: str) -> float:
         time.sleep(0.2)
 
 
-def fingerprint(url: str) -> str:
-    body = {"model": "chat", "prompt": "Hi", "max_tokens": 1}
+def fingerprint(url: str, model: str = "chat") -> str:
+    body = {"model": model, "prompt": "Hi", "max_tokens": 1}
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["system_fingerprint"]
 
 
@@ -291,6 +310,31 @@ async def measure_under_load(url: str, files: dict, clients: int, max_tokens: in
     return {"swap SmolLM2 → Gemma": swap_table, "swap to a truncated file": corrupt_table}
 
 
+def adapter_body(folder: Path, name: str, action: str = "load") -> dict:
+    digest, _ = sha256_s(folder / name)
+    return {"action": action, "id": "pirate", "base": "chat", "path": name, "sha256": digest}
+
+
+async def measure_adapters(url: str, folder: Path, args: argparse.Namespace) -> dict:
+    walls, server = [], []
+    for index in range(args.repeat):
+        body, wall = admin(url, adapter_body(folder, "pirate.gguf"))
+        walls.append(wall)
+        server.append(body["load_s"])
+        if index < args.repeat - 1:
+            admin(url, {"action": "unload", "id": "pirate", "base": "chat"})
+            wait_retired(url)
+    old = fingerprint(url, "chat:pirate")
+    outcomes, swap = await under_load(
+        url, adapter_body(folder, "pirate2.gguf", "swap"), args.clients, args.max_tokens,
+        model="chat:pirate",
+    )  # fmt: skip
+    wait_retired(url)
+    load = {"wall_s": round(statistics.median(walls), 3),
+            "load_s": round(statistics.median(server), 3)}  # fmt: skip
+    return {"load": load, "swap": tabulate(outcomes, swap, old, args.max_tokens)}
+
+
 def print_markdown(results: dict) -> None:
     print("\n| file | bytes | SHA-256 s |\n| --- | --- | --- |")
     for name, file in results["files"].items():
@@ -309,6 +353,13 @@ def print_markdown(results: dict) -> None:
     print("| --- " * (len(keys) + 1) + "|")
     for name, table in results["under_load"].items():
         print(f"| {name} | " + " | ".join(str(getattr(table, k)) for k in keys) + " |")
+    adapters = results["adapters"]
+    print(
+        f"\nLoRA adapter load (admin POST): {adapters['load']['wall_s']} s "
+        f"(server load_s {adapters['load']['load_s']} s)"
+    )
+    print("| adapter swap under load | " + " | ".join(
+        str(getattr(adapters["swap"], k)) for k in keys) + " |")  # fmt: skip
     rss = results["rss_mib"]
     change = rss["after"] / rss["baseline"] - 1
     print(
@@ -324,6 +375,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--log", type=Path, help="where the server's log goes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="inferflux-swap-") as tmp:
         folder = Path(tmp)
@@ -336,9 +388,13 @@ def main() -> int:
             "scheduler": {"max_num_seqs": args.clients, "prefix_cache": {"slots": 2}},
         }))  # fmt: skip
         url = f"http://127.0.0.1:{args.port}"
-        server = start_server(args.port, ["--config", str(config)])
+        write_lora(folder / "pirate.gguf", str(folder / "smollm2.gguf"), seed=0)
+        write_lora(folder / "pirate2.gguf", str(folder / "smollm2.gguf"), seed=1)
+        LOG.append(args.log or folder / "server.log")
+        server = start(args.port, config, LOG[0])
         try:
             results = run(url, server.pid, files, args)
+            results["adapters"] = asyncio.run(measure_adapters(url, folder, args))
         finally:
             server.terminate()
             server.wait(30)
@@ -350,8 +406,28 @@ def main() -> int:
             "under_load": {k: asdict(v) for k, v in results["under_load"].items()},
         }
         args.json.write_text(json.dumps(serializable, indent=2))
-    tables = results["under_load"].values()
+    tables = [*results["under_load"].values(), results["adapters"]["swap"]]
     return 1 if any(t.failed or t.truncated for t in tables) else 0
+
+
+def start(port: int, config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The server, its output in `log`, ready (exits with the log's tail if not)."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [INFERFLUX, "serve", "--port", str(port), "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"the server did not become ready:\n{log.read_text()[-4000:]}")
 
 
 def run(url: str, pid: int, files: dict, args: argparse.Namespace) -> dict:
