@@ -291,13 +291,13 @@ class ModelManager:
         self._spawn(self._housekeeping(), "models-housekeeping")
 
     async def shutdown(self) -> None:
+        slots = [*self._slots.values(), *self._retiring]  # NOTE: before retirements end
         for task in list(self._tasks):
             task.cancel()
         for future in list(self._loading.values()):
             future.cancel()
         await asyncio.gather(*self._tasks, *self._loading.values(), return_exceptions=True)
-        slots = [*self._slots.values(), *self._retiring]
-        await asyncio.gather(*(slot.serving.engine.shutdown() for slot in slots))
+        await asyncio.gather(*(slot.stop() for slot in slots), return_exceptions=True)
 
     async def load(self, entry: ManifestEntry | str) -> LifecycleResult:
         async with self._lock:

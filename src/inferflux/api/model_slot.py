@@ -88,6 +88,7 @@ class ModelSlot:
     num_leases: int = 0
     retiring: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopping: asyncio.Future[None] | None = None
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -117,6 +118,13 @@ class ModelSlot:
         if self.keep_alive_s is not None:
             self.expires_at = time.monotonic() + self.keep_alive_s
 
+    async def stop(self) -> None:
+        """Stop the workers, once: a second caller (server shutdown during a retirement)
+        waits for the same shutdown instead of starting another."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.serving.engine.shutdown())
+        await asyncio.shield(self._stopping)
+
     async def retire(self, drain_timeout_s: float) -> None:
         """Stop taking requests, let the held ones finish (at most `drain_timeout_s`),
         then stop the workers and free the tokenizer. Never raises."""
@@ -133,7 +141,7 @@ class ModelSlot:
                 drain_timeout_s,
             )
         try:
-            await self.serving.engine.shutdown()
+            await self.stop()
         except Exception:  # NOTE: retirement must finish; the workers die with their sockets
             logger.exception("model %s: engine shutdown failed", self.model_id)
         # NOTE: a request still holding the model could call the tokenizer: freeing it

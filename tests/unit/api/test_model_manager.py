@@ -297,3 +297,11 @@ async def test_adapter_conflicts_swap_and_unload(h: Harness) -> None:
     await h.settle()
     with pytest.raises(ModelNotFound):
         await h.serving_path("a:pirate")
+
+
+async def test_shutdown_during_a_retirement_still_stops_the_old_model(h: Harness) -> None:
+    async with h.manager.lease("a"):
+        await h.manager.swap(entry("a", "a2.gguf"))
+        await asyncio.sleep(0.01)  # the old one drains: held by this request
+        await h.manager.shutdown()
+    assert h.loader.engines["a.gguf"].stopped and h.loader.engines["a2.gguf"].stopped
