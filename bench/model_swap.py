@@ -404,6 +404,7 @@ def main() -> int:
         serializable = {
             **results,
             "under_load": {k: asdict(v) for k, v in results["under_load"].items()},
+            "adapters": {**results["adapters"], "swap": asdict(results["adapters"]["swap"])},
         }
         args.json.write_text(json.dumps(serializable, indent=2))
     tables = [*results["under_load"].values(), results["adapters"]["swap"]]
