@@ -24,6 +24,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── Conflict                        409 conflict (the model lifecycle forbids it now)
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
+    │   ├── ModelFileNotFound           404 model_file_not_found (no such regular file)
     │   └── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
     └── ConfigError                     invalid configuration (startup: exit non-zero)
 """
@@ -201,6 +202,15 @@ class ModelLoadError(InferfluxError):
     """The model file is missing, unreadable, or llama.cpp refused it."""
 
     code = "model_load_error"
+
+
+class ModelFileNotFound(ModelLoadError):
+    """The model (or adapter) file a registry entry names does not exist, or is not a
+    regular file."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+    code = "model_file_not_found"
 
 
 class ModelVerificationFailed(ModelLoadError):

@@ -34,7 +34,12 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from inferflux.errors import ConfigError, ModelLoadError, ModelVerificationFailed
+from inferflux.errors import (
+    ConfigError,
+    ModelFileNotFound,
+    ModelLoadError,
+    ModelVerificationFailed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +67,12 @@ def _open(path: Path) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ModelLoadError(f"model file {path} does not exist", param="path") from None
+        raise ModelFileNotFound(f"model file {path} does not exist", param="path") from None
     except OSError as exc:
         raise ModelLoadError(f"model file {path} cannot be opened: {exc}", param="path") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise ModelLoadError(f"model path {path} is not a regular file", param="path")
+        raise ModelFileNotFound(f"model path {path} is not a regular file", param="path")
     return os.fdopen(fd, "rb")
 
 

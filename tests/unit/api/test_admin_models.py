@@ -57,12 +57,12 @@ async def test_refusals(client: httpx.AsyncClient, body, status, code, param) ->
     assert (await client.get(URL)).json()["data"][0]["state"] == "loaded"  # nothing changed
 
 
-async def test_a_missing_file_is_a_load_error_and_changes_nothing(
+async def test_a_missing_file_is_a_404_and_changes_nothing(
     client: httpx.AsyncClient,
 ) -> None:
     body = {"action": "load", "id": "m", "path": "missing.gguf", "sha256": SHA}
     response = await client.post(URL, json=body)
-    assert_envelope(response, 500, code="model_load_error")
+    assert_envelope(response, 404, code="model_file_not_found")
     assert "does not exist" in response.json()["error"]["message"]
     models = {m["id"]: m for m in (await client.get(URL)).json()["data"]}
     assert set(models) == {"fake-model"}  # a failed admin load registers nothing

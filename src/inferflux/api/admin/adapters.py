@@ -23,6 +23,7 @@ from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
 from inferflux.api.model_cards import find_view
 from inferflux.api.model_router import LifecycleDep, ModelsDep, ModelView
+from inferflux.api.openapi import error_doc
 from inferflux.config.manifest import AdapterEntry
 from inferflux.errors import InvalidRequest, ModelNotFound
 
@@ -74,7 +75,13 @@ async def list_adapters(models: ModelsDep) -> dict[str, object]:
     return {"object": "list", "data": [adapter_json(view) for view in views]}
 
 
-@router.post("/adapters")
+@router.post(
+    "/adapters",
+    responses={
+        409: error_doc("The adapter is loaded already (use swap)"),
+        422: error_doc("The file does not verify (SHA-256, signature, path, adapter header)"),
+    },
+)
 async def manage_adapter(
     models: ModelsDep, lifecycle: LifecycleDep, body: AdminAdapterBody
 ) -> dict[str, object]:

@@ -29,6 +29,7 @@ from inferflux.api.model_router import (
     ModelsDep,
     ModelView,
 )
+from inferflux.api.openapi import error_doc
 from inferflux.config.manifest import ManifestEntry
 from inferflux.errors import InvalidRequest
 
@@ -120,7 +121,13 @@ async def _apply(models: ModelLifecycle, body: AdminModelRequest) -> LifecycleRe
     return await models.set_default(body.id_only())
 
 
-@router.post("/models")
+@router.post(
+    "/models",
+    responses={
+        409: error_doc("A conflicting state: the default model, an existing id"),
+        422: error_doc("The file does not verify (SHA-256, signature, path, adapter header)"),
+    },
+)
 async def manage_model(
     models: ModelsDep, lifecycle: LifecycleDep, body: AdminModelBody
 ) -> dict[str, object]:
