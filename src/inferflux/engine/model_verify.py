@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import hashlib
 import hmac
 import logging
@@ -44,11 +45,15 @@ from inferflux.errors import (
 logger = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 1 << 20
+# open() errors that mean "no such file here" (a 404), not "the server cannot read it"
+_NOT_FOUND = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP})
 
 
 def resolve_in_folder(folder: Path, path: str) -> Path:
     """`path` (relative to `folder`, or absolute) with symlinks resolved, refused with
     ModelVerificationFailed unless it stays inside `folder`."""
+    if "\x00" in path:
+        raise ModelVerificationFailed("a model path cannot contain a NUL byte", param="path")
     root = folder.expanduser().resolve()
     candidate = Path(path).expanduser()
     resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
@@ -66,10 +71,12 @@ def _open(path: Path) -> BinaryIO:
     path cannot block the open; it is then refused as not a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ModelFileNotFound(f"model file {path} does not exist", param="path") from None
     except OSError as exc:
-        raise ModelLoadError(f"model file {path} cannot be opened: {exc}", param="path") from None
+        if exc.errno not in _NOT_FOUND:
+            raise ModelLoadError(
+                f"model file {path} cannot be opened: {exc}", param="path"
+            ) from None
+        raise ModelFileNotFound(f"model file {path} does not exist", param="path") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ModelFileNotFound(f"model path {path} is not a regular file", param="path")

@@ -156,3 +156,15 @@ def test_unsigned_entries_pass_unless_required():
 def test_bad_public_keys_are_config_errors(key):
     with pytest.raises(ConfigError, match=r"registry.public_keys\[0\]"):
         SignatureVerifier.from_settings([key], require=False)
+
+
+def test_odd_paths_are_client_errors(folder):
+    with pytest.raises(ModelVerificationFailed, match="NUL byte"):
+        resolve_in_folder(folder, "a\x00b.gguf")
+    long_name = folder / ("x" * 300 + ".gguf")
+    with (
+        pytest.raises(ModelLoadError, match="does not exist") as raised,
+        verified_file(long_name, None),
+    ):
+        pass
+    assert raised.value.http_status == 404
