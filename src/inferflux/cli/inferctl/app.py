@@ -190,6 +190,7 @@ def pull_command(
     typer.echo(f"sha256 {pulled.sha256} ({pulled.verification})")
     typer.echo(f"manifest {pulled.manifest}")
     typer.echo(f"serve it with: inferflux serve --model {pulled.path}")
+    typer.echo(f"or every pulled model: inferflux serve --registry {pulled.manifest}")
 
 
 def main() -> None:
