@@ -133,7 +133,7 @@ class PiiScanner:
         findings = []
         for kind, pattern in self._patterns:
             for match in pattern.finditer(text):
-                if _valid(kind, match.group()):
+                if _valid(kind, match.group()) and not _inside_number(text, match):
                     label = kind.upper()
                     findings.append(
                         Finding(match.start(), match.end(), f"pii:{kind}", self.action, label)
@@ -148,6 +148,17 @@ def _valid(kind: str, found: str) -> bool:
     if kind == "iban":
         return iban_ok(found.replace(" ", ""))
     return True
+
+
+def _inside_number(text: str, match: object) -> bool:
+    """A match that continues a longer run of digit groups (`4111 1111 1111 1112`
+    read as a phone number) is part of some other number."""
+    start, end = match.start(), match.end()  # type: ignore[attr-defined]
+    after = text[end : end + 2]
+    before = text[max(0, start - 2) : start]
+    continues = after[:1].isdigit() or (after[:1] in " .-" and after[1:2].isdigit())
+    precedes = before[-1:].isdigit() or (before[-1:] in " .-" and before[:1].isdigit())
+    return continues or precedes
 
 
 def _disjoint(findings: list[Finding]) -> list[Finding]:

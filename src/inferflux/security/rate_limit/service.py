@@ -226,7 +226,7 @@ class RateLimitService:
 
     @staticmethod
     def _refusal(decision: Decision, status: RateLimitStatus) -> RateLimited:
-        whose = "API key" if decision.denied_scope == "key" else "tenant"
+        whose = "caller (API key or user)" if decision.denied_scope == "key" else "tenant"
         what = {
             "requests": "requests per minute",
             "tokens": "tokens per minute",
