@@ -34,7 +34,11 @@ from inferflux.security.guardrails.chain import redact
 from inferflux.security.policy import PolicySource
 from inferflux.security.principal import Principal, current_principal
 from inferflux.security.rate_limit import RateLimitService, RateLimitStatus, rate_limit_status_var
-from inferflux.security.request_record import RequestRecord, current_request_record
+from inferflux.security.request_record import (
+    RequestRecord,
+    current_request_record,
+    current_route,
+)
 
 _CHARGE_EVERY = 16  # completion tokens charged per limiter call while streaming
 
@@ -157,8 +161,7 @@ class GuardedEngine:
             record.prompt_text = text
         if guardrails is None or not active:
             return token_ids
-        route = record.route if record is not None else ""
-        context = DecisionContext(principal, self.model, route)
+        context = DecisionContext(principal, self.model, current_route())
         try:
             verdict = await guardrails.check_input(text, context)
         except InferfluxError as exc:

@@ -35,6 +35,7 @@ from inferflux.security.request_record import (
     RequestRecord,
     attach_request_record,
     request_record_var,
+    request_scope_var,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,9 +158,11 @@ class AuditMiddleware:
             await send(message)
 
         token = request_record_var.set(record)
+        scope_token = request_scope_var.set(scope)
         try:
             await self.app(scope, receive, send_observed)
         finally:
+            request_scope_var.reset(scope_token)
             request_record_var.reset(token)
             principal = scope.get("state", {}).get("principal")
             self.audit.request(

@@ -56,6 +56,20 @@ def get_request_record(scope: AsgiScope) -> RequestRecord | None:
     return record if isinstance(record, RequestRecord) else None
 
 
+# The ASGI scope of the request this task serves (set by the audit and rate-limit
+# middleware): the router fills in its matched route, which `current_route` reads.
+request_scope_var: ContextVar[AsgiScope | None] = ContextVar(
+    "inferflux_request_scope", default=None
+)
+
+
+def current_route() -> str:
+    """The route template serving the current request (`/v1/chat/completions`), or ""."""
+    scope = request_scope_var.get()
+    path = getattr(scope.get("route"), "path", None) if scope is not None else None
+    return path if isinstance(path, str) else ""
+
+
 def current_request_record() -> RequestRecord | None:
     """The record of the request this task serves (None when audit is off)."""
     return request_record_var.get()

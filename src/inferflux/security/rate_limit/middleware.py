@@ -25,7 +25,7 @@ from inferflux.security.rate_limit.service import (
     RateLimitStatus,
     rate_limit_status_var,
 )
-from inferflux.security.request_record import get_request_record
+from inferflux.security.request_record import get_request_record, request_scope_var
 
 # Probes and scrapes are never limited.
 UNLIMITED_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
@@ -66,9 +66,11 @@ class RateLimitMiddleware:
             await send(message)
 
         token = rate_limit_status_var.set(status)
+        scope_token = request_scope_var.set(scope)
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
+            request_scope_var.reset(scope_token)
             rate_limit_status_var.reset(token)
             with anyio.CancelScope(shield=True):
                 await self.service.release(admission)
