@@ -12,7 +12,6 @@ import re
 from typing import Literal
 
 import re2
-
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 

@@ -3,9 +3,9 @@
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
 `observability` (logs, metrics, traces), and the security controls of
-`config/security_settings.py` (`redis`, `rate_limit`, `audit`, `guardrails`). `config/loader.py` builds a `Settings` from
-YAML < env < CLI; nothing here reads files or the environment, and nothing captures values
-at import time.
+`config/security_settings.py` (`redis`, `rate_limit`, `audit`, `guardrails`).
+`config/loader.py` builds a `Settings` from YAML < env < CLI; nothing here reads files or
+the environment, and nothing captures values at import time.
 """
 
 from __future__ import annotations
