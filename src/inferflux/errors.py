@@ -11,6 +11,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   └── ContentFiltered             400 content_filter (a guardrail blocked the request)
     ├── Unauthorized                    401 invalid_api_key / invalid_token (no or bad credentials)
     ├── PermissionDenied                403 insufficient_scope (authenticated, not allowed)
+    │   └── PolicyDenied                403 content_filter (the OPA content policy said no)
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After, x-ratelimit-*)
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
@@ -100,6 +101,12 @@ class PermissionDenied(InferfluxError):
     http_status = 403
     error_type = "permission_error"
     code = "insufficient_scope"
+
+
+class PolicyDenied(PermissionDenied):
+    """The external content policy (OPA) denied the request."""
+
+    code = "content_filter"
 
 
 class RateLimited(InferfluxError):

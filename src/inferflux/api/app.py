@@ -1,8 +1,12 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id → telemetry (latency metrics, the HTTP span) →
-(security middleware go here: CORS → audit → authn → rate limit, DESIGN.md §4) →
+security (CORS → audit → authn → rate limit, DESIGN.md §4; `api/security_setup.py`) →
 body-size limit → catch-all 500 → FastAPI's exception handlers → routes.
+
+Routes see the engine as `GuardedEngine(ObservedEngine(engine))`: security policy
+(tenant cache namespace, token limits, guardrails, audit record) outside, observation
+inside (a request refused by policy never reaches the metrics of generations).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from inferflux import __version__
 from inferflux.api import debug, health, metrics, stats
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
+from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
@@ -31,12 +36,14 @@ from inferflux.api.observed_engine import ObservedEngine
 from inferflux.api.ollama import router as ollama_router
 from inferflux.api.openai import chat, completions, embeddings, models, tokenize
 from inferflux.api.openapi import install_openapi
+from inferflux.api.security_setup import install_security_middleware, make_security_layer
 from inferflux.api.telemetry import TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
+from inferflux.security.policy import PolicySource
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +55,13 @@ def create_app(
     tokenizer: Tokenizer,
     model_info: ModelInfo,
     tracer_provider: TracerProvider | None = None,
+    policy_source: PolicySource | None = None,
 ) -> FastAPI:
     """The InferFlux HTTP app. Its lifespan starts the engine and shuts it down on exit.
 
     Routes see `engine` wrapped in an `ObservedEngine` (metrics, traces, /debug).
-    `tracer_provider` replaces the one `observability.tracing` describes (tests).
+    `tracer_provider` replaces the one `observability.tracing` describes (tests);
+    `policy_source` the policy built from settings alone.
     Raises ModelLoadError when the chat template (the GGUF's, or `model.chat_template`)
     does not compile.
     """
@@ -65,9 +74,19 @@ def create_app(
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
     telemetry = make_telemetry(settings, engine, model_info, tracer_provider)
     app.state.telemetry = telemetry
+    security = make_security_layer(settings, telemetry.metrics, policy_source)
+    app.state.security = security
+    guarded = GuardedEngine(
+        ObservedEngine(engine, telemetry, model_info.model_id),
+        tokenizer=tokenizer,
+        model=model_info.model_id,
+        source=security.source,
+        limits=security.limits,
+        guardrails=security.guardrails,
+    )
     app.state.serving = ServingState(
         settings=settings,
-        engine=ObservedEngine(engine, telemetry, model_info.model_id),
+        engine=guarded,
         tokenizer=tokenizer,
         model_info=model_info,
         chat_template=chat_template,
@@ -93,6 +112,7 @@ def create_app(
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    install_security_middleware(app, security)
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
@@ -119,6 +139,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await starting
         await serving.engine.shutdown()
+        await app.state.security.aclose()
         app.state.telemetry.shutdown()
 
 

@@ -35,7 +35,11 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_WORKERS": "runtime.workers",
     "INFERFLUX_LOG_LEVEL": "observability.log_level",
     "INFERFLUX_LOG_FORMAT": "observability.log_format",
+    "INFERFLUX_REDIS_URL": "redis.url",
+    "INFERFLUX_AUDIT_HMAC_KEY": "audit.hmac_key",
 }
+# Keys whose values are secrets: an error names them but never quotes the value.
+SECRET_KEYS = frozenset({"redis.url", "audit.hmac_key"})
 
 
 def load_settings(
@@ -141,6 +145,6 @@ def _describe(exc: ValidationError, sources: dict[str, str]) -> str:
                 "(docs/configuration.md lists every key)"
             )
             continue
-        value = err.get("input")
+        value = "<redacted>" if key in SECRET_KEYS else err.get("input")
         lines.append(f"  {key} = {value!r} ({source}): {err['msg']}; set a valid {key}")
     return "\n".join(lines)

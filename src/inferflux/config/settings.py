@@ -2,9 +2,10 @@
 
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
-`observability` (logs, metrics, traces). `config/loader.py` builds a `Settings` from
-YAML < env < CLI; nothing here reads files or the environment, and nothing captures values
-at import time.
+`observability` (logs, metrics, traces), and the security controls of
+`config/security_settings.py` (`redis`, `rate_limit`, `audit`, `guardrails`).
+`config/loader.py` builds a `Settings` from YAML < env < CLI; nothing here reads files or
+the environment, and nothing captures values at import time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from __future__ import annotations
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from inferflux.config.security_settings import (
+    AuditSettings,
+    GuardrailSettings,
+    RateLimitSettings,
+    RedisSettings,
+)
 
 
 class _Section(BaseModel):
@@ -330,4 +338,12 @@ class Settings(_Section):
     )
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings  # type: ignore[arg-type]
+    )
+    redis: RedisSettings = Field(default_factory=RedisSettings)  # type: ignore[arg-type]
+    rate_limit: RateLimitSettings = Field(
+        default_factory=RateLimitSettings  # type: ignore[arg-type]
+    )
+    audit: AuditSettings = Field(default_factory=AuditSettings)  # type: ignore[arg-type]
+    guardrails: GuardrailSettings = Field(
+        default_factory=GuardrailSettings  # type: ignore[arg-type]
     )

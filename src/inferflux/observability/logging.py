@@ -81,6 +81,19 @@ class RequestSampler(logging.Filter):
         return int.from_bytes(digest, "big") < self._threshold
 
 
+class AccessLogQueryFilter(logging.Filter):
+    """Drops the query string from uvicorn's access-log lines: a client may put a secret
+    there (`?api_key=`), and the line would keep it. The path stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path, sep, _ = args[2].partition("?")
+            if sep:
+                record.args = (*args[:2], f"{path}?<query omitted>", *args[3:])
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts (UTC ISO 8601), level, logger, msg, request_id if set.
 
@@ -158,6 +171,10 @@ def configure_logging(
         uvicorn_logger.handlers.clear()
         uvicorn_logger.propagate = True
         uvicorn_logger.setLevel(logging.NOTSET)
+    access = logging.getLogger("uvicorn.access")
+    for old_filter in [f for f in access.filters if isinstance(f, AccessLogQueryFilter)]:
+        access.removeFilter(old_filter)
+    access.addFilter(AccessLogQueryFilter())
 
 
 def _make_formatter(log_format: str, stream: TextIO) -> logging.Formatter:
