@@ -116,6 +116,10 @@ class ApiKeySettings(_Limits):
 
 
 class TenantSettings(_Limits):
+    """One tenant: its limits, models and priority cap. A tenant that keys name but nobody
+    configured gets the default limits. Once a policy store exists, tenants live there
+    (the admin API changes them) and this list only seeds a new store."""
+
     name: str = Field(pattern=NAME_PATTERN, description="Tenant name (keys name it).")
     allowed_models: list[str] | None = Field(
         None, description="Model ids the tenant may use. Unset: every served model."

@@ -68,17 +68,21 @@ def load_settings(
     for key, value in (overrides or {}).items():
         if value is not None:
             _put(merged, sources, key, value, "command line")
-    _refuse_secrets_outside_env(sources)
+    _refuse_secrets_outside_env(merged, sources)
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, sources)) from None
 
 
-def _refuse_secrets_outside_env(sources: dict[str, str]) -> None:
+def _refuse_secrets_outside_env(merged: dict[str, Any], sources: dict[str, str]) -> None:
+    """A secret set (not null) anywhere but the environment stops the load."""
     for key, env_name in ENV_ONLY_KEYS.items():
+        node: Any = merged
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
         source = _source_of(key, sources)
-        if source != "default" and not source.startswith("env "):
+        if node is not None and not source.startswith("env "):
             raise ConfigError(
                 f"{key} ({source}): a secret is never read from a file or flag; "
                 f"remove it there and export {env_name} instead"
