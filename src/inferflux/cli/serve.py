@@ -34,6 +34,8 @@ from inferflux.security.api_keys import KeyDigester
 EXIT_CONFIG_ERROR = 2
 EXIT_MODEL_ERROR = 1
 GRACEFUL_SHUTDOWN_S = 10
+# TLS 1.2 suites: forward secret AEAD only (TLS 1.3 suites are always AEAD).
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!MD5:!DSS"
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,7 @@ def serve(
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
     configure_logging(settings.observability)
+    _check_tls(settings)
     security = _build_security(settings)
     asgi_app, model_info = _build_app(settings, security)
     typer.echo(startup_banner(settings, model_info))
@@ -143,8 +146,11 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ssl_certfile=tls.cert_path if tls.enabled else None,
         ssl_keyfile=tls.key_path if tls.enabled else None,
+        ssl_ciphers=TLS12_CIPHERS,  # uvicorn's default ("TLSv1") allows CBC-SHA1 suites
     )
-    _load_tls(config)
+    config.load()
+    if config.ssl is not None:
+        config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2  # TLS 1.0 and 1.1 refused
     server = uvicorn.Server(config)
     # the app calls this when no engine worker can start: a clean stop, then exit 1
     asgi_app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
@@ -155,16 +161,23 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
         raise typer.Exit(EXIT_MODEL_ERROR)
 
 
-def _load_tls(config: uvicorn.Config) -> None:
-    """Load the config now (uvicorn would on run) so that a bad certificate or key exits 2
-    with a clear message, and pin TLS 1.2 as the oldest version offered."""
+def _check_tls(settings: Settings) -> None:
+    """With server.tls on, load the certificate and key once before anything else, so a
+    missing or mismatched file exits 2 at once with a clear message."""
+    tls = settings.server.tls
+    if not tls.enabled:
+        return
     try:
-        config.load()
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            str(tls.cert_path), str(tls.key_path)
+        )
     except (OSError, ssl.SSLError) as exc:
-        typer.echo(f"inferflux: server.tls: cannot load the certificate or key: {exc}", err=True)
+        typer.echo(
+            f"inferflux: server.tls: cannot load cert_path {tls.cert_path} / key_path "
+            f"{tls.key_path}: {exc}",
+            err=True,
+        )
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
-    if config.ssl is not None:
-        config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2
 
 
 def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[socket.socket] | None:

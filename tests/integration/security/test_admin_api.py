@@ -98,9 +98,12 @@ async def test_tenants_crud(secured: SecuredApp):
         assert created.json()["limits"]["tokens_per_minute"] == 5000
         assert (await admin.post("/v1/admin/tenants", json=body)).status_code == 409
         updated = await admin.put(
-            "/v1/admin/tenants/initech", json={"allowed_models": ["smol"], "share_prefix_cache": True}
+            "/v1/admin/tenants/initech",
+            json={"allowed_models": ["smol"], "share_prefix_cache": True},
         )
-        assert updated.json()["allowed_models"] == ["smol"] and updated.json()["priority_cap"] is None
+        assert (
+            updated.json()["allowed_models"] == ["smol"] and updated.json()["priority_cap"] is None
+        )
         key = await admin.post("/v1/admin/api_keys", json={"tenant": "initech", "roles": ["user"]})
         # the tenant's model list narrows its keys: the served model is not "smol"
         async with secured.client(key.json()["key"]) as user:
@@ -135,7 +138,11 @@ async def test_rate_limits_and_guardrails_round_trip_and_persist(secured: Secure
         assert got["tenants"]["globex"]["requests_per_minute"] == 60
         unknown = await admin.put("/v1/admin/rate_limit", json={"tenants": {"nobody": {}}})
         assert unknown.status_code == 404
-        guardrails = {"blocklist": ["secret"], "blocklist_regex": [r"\bpwd\d+"], "pii_action": "redact"}
+        guardrails = {
+            "blocklist": ["secret"],
+            "blocklist_regex": [r"\bpwd\d+"],
+            "pii_action": "redact",
+        }
         assert (await admin.put("/v1/admin/guardrails", json=guardrails)).status_code == 200
         shown = (await admin.get("/v1/admin/guardrails")).json()
         bad_regex = await admin.put("/v1/admin/guardrails", json={"blocklist_regex": ["ok", "("]})

@@ -19,7 +19,10 @@ def client_for(app, key: str | None = None) -> httpx.AsyncClient:
 
 async def test_no_auth_configured_means_anonymous_with_every_scope():
     app = create_app(
-        Settings(), engine=FakeEngineClient(), tokenizer=FakeTokenizer(), model_info=fake_model_info()
+        Settings(),
+        engine=FakeEngineClient(),
+        tokenizer=FakeTokenizer(),
+        model_info=fake_model_info(),
     )
     async with app.router.lifespan_context(app), client_for(app) as client:
         assert not app.state.security.authenticator.enabled
@@ -39,7 +42,9 @@ async def test_no_auth_configured_means_anonymous_with_every_scope():
             assert (await admin.get("/v1/models")).status_code == 401
         # the last key is revoked, and the server stays closed
         assert (await client.get("/v1/models")).status_code == 401
-        assert (await client.post("/v1/admin/api_keys", json={"roles": ["admin"]})).status_code == 401
+        assert (
+            await client.post("/v1/admin/api_keys", json={"roles": ["admin"]})
+        ).status_code == 401
 
 
 async def test_a_configured_oidc_issuer_alone_turns_auth_on():

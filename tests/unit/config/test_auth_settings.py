@@ -41,7 +41,10 @@ def test_env_aliases(tmp_path):
         "INFERFLUX_SERVER__CORS_ORIGINS": "https://a.example, http://localhost:3000",
     }
     settings = load_settings(env=env)
-    assert settings.auth.pepper is not None and settings.auth.pepper.get_secret_value() == "pepper-value-xyz"
+    assert (
+        settings.auth.pepper is not None
+        and settings.auth.pepper.get_secret_value() == "pepper-value-xyz"
+    )
     assert settings.auth.policy_passphrase is not None
     assert settings.server.tls.enabled and settings.server.tls.key_path == "/k.pem"
     assert settings.server.cors_origins == ["https://a.example", "http://localhost:3000"]
@@ -107,7 +110,9 @@ def test_loopback_http_jwks_needs_the_explicit_flag(tmp_path):
     oidc = {"issuer": "https://i", "audience": "a", "jwks_url": "http://127.0.0.1:9/jwks"}
     refused("https://", config={"auth": {"oidc": oidc}}, tmp_path=tmp_path)
     path = tmp_path / "ok.yaml"
-    path.write_text(yaml.safe_dump({"auth": {"oidc": {**oidc, "allow_insecure_loopback_jwks": True}}}))
+    path.write_text(
+        yaml.safe_dump({"auth": {"oidc": {**oidc, "allow_insecure_loopback_jwks": True}}})
+    )
     assert load_settings(path, env={}).auth.enabled
 
 
