@@ -121,10 +121,12 @@ def handshake(server: TlsServer, version: ssl.TLSVersion) -> tuple[str, str]:
         context.maximum_version = version
     context.set_ciphers("DEFAULT:@SECLEVEL=0")  # let the client offer the old protocol
     port = server.process.port
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            cipher = tls.cipher()
-            return str(tls.version()), cipher[0] if cipher else ""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        cipher = tls.cipher()
+        return str(tls.version()), cipher[0] if cipher else ""
 
 
 def test_tls_1_2_is_the_oldest_version_accepted(tls_server: TlsServer):
