@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+import yaml
 
 from tests.integration.server_process import ServerProcess
 
@@ -21,6 +22,7 @@ JWT = (
 EMAIL = "canary.person@example.org"
 CARD = "4111111111111111"
 CANARIES = (SECRET_KEY, JWT, EMAIL, CARD)
+PUBLIC_PATHS = ("/healthz", "/livez", "/readyz", "/metrics")  # /metrics: public by default
 
 
 def _body(path: str, model: str) -> dict:
@@ -41,7 +43,20 @@ def _body(path: str, model: str) -> dict:
     return {"prompt": text, "max_tokens": 4}
 
 
-def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path):
+def _auth_config(tmp_path) -> tuple[str, ...]:
+    """`--config` with the canary key as a configured admin key (auth on)."""
+    config = tmp_path / "inferflux.yaml"
+    scopes = ["admin", "read", "generate", "adapter-manager"]
+    entry = {"id": "canary", "key": SECRET_KEY, "scopes": scopes}
+    config.write_text(yaml.safe_dump({"auth": {"api_keys": [entry]}}))
+    return ("--config", str(config))
+
+
+@pytest.mark.parametrize("auth", ["off", "on"])
+def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path, auth):
+    """With auth off the key is just another header; with auth on it is the valid admin
+    key, so every route runs, and a second request per route puts it in the query string
+    (refused with 401, the value redacted from the access log)."""
     audit_path = tmp_path / "audit.jsonl"
     log_path = tmp_path / "server.log"
     env = {
@@ -51,7 +66,8 @@ def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path):
         "INFERFLUX_LOG_LEVEL": "debug",
         "INFERFLUX_GUARDRAILS__PII": "redact",
     }
-    server = ServerProcess(env=env, log_path=log_path)
+    args = _auth_config(tmp_path) if auth == "on" else ()
+    server = ServerProcess(*args, env=env, log_path=log_path)
     bodies: list[str] = []
     try:
         server.wait_ready(180)
@@ -61,7 +77,9 @@ def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path):
             "x-forwarded-authorization": f"Bearer {JWT}",
             "x-user-email": EMAIL,
         }
-        query = {"api_key": SECRET_KEY, "token": JWT, "email": EMAIL, "card": CARD}
+        leaky = {"api_key": SECRET_KEY, "token": JWT, "email": EMAIL, "card": CARD}
+        # With auth on, credential-named parameters are refused, so the JWT rides as `jwt`.
+        query = {"jwt": JWT, "email": EMAIL, "card": CARD} if auth == "on" else leaky
         with httpx.Client(base_url=server.url, timeout=60, headers=headers) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
             schema = client.get("/openapi.json").json()
@@ -76,6 +94,10 @@ def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path):
                 response = client.request(method, path, params=query, json=body)
                 assert response.status_code < 500, (method, path, response.text[:300])
                 bodies.append(response.text)
+                if auth == "on" and path not in PUBLIC_PATHS:
+                    refused = client.request(method, path, params=leaky, json=body)
+                    assert refused.status_code == 401, (method, path)
+                    bodies.append(refused.text)
     finally:
         server.close()
     logs = {

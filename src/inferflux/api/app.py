@@ -1,9 +1,11 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id → telemetry (latency metrics, the HTTP span) →
-security (CORS → audit → authn → rate limit, DESIGN.md §4; `api/security_setup.py`) →
+CORS → audit → authentication → rate limit (DESIGN.md §4; `api/security_stack.py`) →
 body-size limit → catch-all 500 → FastAPI's exception handlers → routes.
 
+Every router is included with the scope its routes need (`_ROUTERS`); only the health
+probes (and /metrics when public) have none, and a test fails any route that lacks one.
 Routes see the engine as `GuardedEngine(ObservedEngine(engine))`: security policy
 (tenant cache namespace, token limits, guardrails, audit record) outside, observation
 inside (a request refused by policy never reaches the metrics of generations).
@@ -19,11 +21,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
 from inferflux import __version__
-from inferflux.api import debug, health, metrics, stats
+from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.guarded_engine import GuardedEngine
@@ -33,10 +35,14 @@ from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
 from inferflux.api.observed_engine import ObservedEngine
-from inferflux.api.ollama import router as ollama_router
+from inferflux.api.ollama import chat as ollama_chat
+from inferflux.api.ollama import embed as ollama_embed
+from inferflux.api.ollama import generate as ollama_generate
+from inferflux.api.ollama import models as ollama_models
 from inferflux.api.openai import chat, completions, embeddings, models, tokenize
 from inferflux.api.openapi import install_openapi
-from inferflux.api.security_setup import install_security_middleware, make_security_layer
+from inferflux.api.security_setup import make_security_layer
+from inferflux.api.security_stack import SecurityState, build_security, install_security
 from inferflux.api.telemetry import TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
@@ -44,8 +50,30 @@ from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
 from inferflux.security.policy import PolicySource
+from inferflux.security.principal import Scope
+from inferflux.security.rbac import require_scope
 
 logger = logging.getLogger(__name__)
+
+# Every router and the scope its routes need (None: public, see `security_stack`).
+_ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
+    (health.router, None),
+    (stats.router, Scope.READ),
+    (debug.router, Scope.ADMIN),
+    (chat.router, Scope.GENERATE),
+    (completions.router, Scope.GENERATE),
+    (models.router, Scope.READ),
+    (tokenize.router, Scope.GENERATE),
+    (native_generate.router, Scope.GENERATE),
+    (native_chat.router, Scope.GENERATE),
+    (embeddings.router, Scope.GENERATE),
+    (native_embeddings.router, Scope.GENERATE),
+    (ollama_generate.router, Scope.GENERATE),
+    (ollama_chat.router, Scope.GENERATE),
+    (ollama_embed.router, Scope.GENERATE),
+    (ollama_models.router, Scope.READ),
+    (admin.router, Scope.ADMIN),
+)
 
 
 def create_app(
@@ -55,15 +83,18 @@ def create_app(
     tokenizer: Tokenizer,
     model_info: ModelInfo,
     tracer_provider: TracerProvider | None = None,
+    security: SecurityState | None = None,
     policy_source: PolicySource | None = None,
 ) -> FastAPI:
     """The InferFlux HTTP app. Its lifespan starts the engine and shuts it down on exit.
 
     Routes see `engine` wrapped in an `ObservedEngine` (metrics, traces, /debug).
-    `tracer_provider` replaces the one `observability.tracing` describes (tests);
-    `policy_source` the policy built from settings alone.
-    Raises ModelLoadError when the chat template (the GGUF's, or `model.chat_template`)
-    does not compile.
+    `tracer_provider` replaces the one `observability.tracing` describes (tests).
+    `security` is built from `settings` when not given (`inferflux serve` builds it first,
+    so a bad policy store fails before the model loads); `policy_source` replaces its
+    policy (tests that change the policy directly). Raises ModelLoadError when the
+    chat template (the GGUF's, or `model.chat_template`) does not compile, PolicyStoreError
+    when the policy store cannot be read.
     """
     chat_template = ChatTemplate.from_model(
         settings.model.chat_template or tokenizer.chat_template,
@@ -74,15 +105,15 @@ def create_app(
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
     telemetry = make_telemetry(settings, engine, model_info, tracer_provider)
     app.state.telemetry = telemetry
-    security = make_security_layer(settings, telemetry.metrics, policy_source)
-    app.state.security = security
+    access = security or build_security(settings)
+    layer = make_security_layer(settings, telemetry.metrics, policy_source or access.policy)
     guarded = GuardedEngine(
         ObservedEngine(engine, telemetry, model_info.model_id),
         tokenizer=tokenizer,
         model=model_info.model_id,
-        source=security.source,
-        limits=security.limits,
-        guardrails=security.guardrails,
+        source=layer.source,
+        limits=layer.limits,
+        guardrails=layer.guardrails,
     )
     app.state.serving = ServingState(
         settings=settings,
@@ -95,27 +126,24 @@ def create_app(
         started_at=time.monotonic(),
     )
     install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(stats.router)
-    app.include_router(metrics.router)
-    app.include_router(debug.router)
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(models.router)
-    app.include_router(tokenize.router)
-    app.include_router(native_generate.router)
-    app.include_router(native_chat.router)
-    app.include_router(embeddings.router)
-    app.include_router(native_embeddings.router)
-    app.include_router(ollama_router)
+    _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
-    install_security_middleware(app, security)
+    install_security(app, settings, access, layer)
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def _include_routers(app: FastAPI, settings: Settings) -> None:
+    for router, scope in _ROUTERS:
+        app.include_router(router, dependencies=[require_scope(scope)] if scope else None)
+    public_metrics = metrics.is_public(settings)
+    app.include_router(
+        metrics.router, dependencies=None if public_metrics else [require_scope(Scope.READ)]
+    )
 
 
 def system_fingerprint(model_info: ModelInfo) -> str:
@@ -139,7 +167,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await starting
         await serving.engine.shutdown()
-        await app.state.security.aclose()
+        await app.state.security_layer.aclose()
         app.state.telemetry.shutdown()
 
 

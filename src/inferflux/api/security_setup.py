@@ -1,9 +1,10 @@
 """Building the security layer of one app from settings: the policy source, rate limits,
 guardrails and the audit log, the metrics exporter they report to, and their middleware
-in DESIGN.md §4's order (audit → authn → rate limit, outer to inner).
+(the policy source itself comes from `security_stack.build_security`: settings, config
+keys and the policy store).
 
-Owns `SecurityLayer`, `make_security_layer`, `install_security_middleware`,
-`SecurityEvents` (security events → metrics) and `AnonymousPrincipalMiddleware`.
+Owns `SecurityLayer`, `make_security_layer` and `SecurityEvents` (security events →
+metrics). The middleware are installed by `api/security_stack.install_security`.
 """
 
 from __future__ import annotations
@@ -12,20 +13,15 @@ import logging
 from dataclasses import dataclass
 
 import httpx
-from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferflux.api.errors import error_response
 from inferflux.config.settings import Settings
 from inferflux.observability.metrics import Metrics
-from inferflux.security.audit import AuditLog, AuditMiddleware, make_audit_log
+from inferflux.security.audit import AuditLog, make_audit_log
 from inferflux.security.digest import TextDigester
 from inferflux.security.guardrails import Guardrails
 from inferflux.security.policy import PolicySource, StaticPolicySource
-from inferflux.security.principal import ANONYMOUS, principal_var, set_principal
 from inferflux.security.rate_limit import (
     RateLimiter,
-    RateLimitMiddleware,
     RateLimitService,
     make_rate_limiter,
 )
@@ -105,7 +101,6 @@ def make_security_layer(
 ) -> SecurityLayer:
     """The security layer `settings` describe. `source` replaces the policy built from
     settings alone (the policy store's, or a test's)."""
-    # TODO(#6): part A's keys and tenants (auth settings / policy store) join here.
     source = source if source is not None else StaticPolicySource(base_policy(settings))
     events = SecurityEvents(metrics)
     limiter = limits = None
@@ -127,37 +122,3 @@ def make_security_layer(
 def _digester(settings: Settings) -> TextDigester:
     key = settings.audit.hmac_key
     return TextDigester(key.get_secret_value().encode() if key else None)
-
-
-class AnonymousPrincipalMiddleware:
-    """Pure ASGI, where authentication goes: every request runs as `ANONYMOUS`.
-
-    NOTE(#6 part A): the ONE place that falls back to ANONYMOUS. The authentication
-    middleware replaces it (a principal an outer layer already set is kept, which tests
-    use to act as distinct keys and tenants)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        principal = scope.get("state", {}).get("principal") or ANONYMOUS
-        set_principal(scope, principal)
-        token = principal_var.set(principal)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            principal_var.reset(token)
-
-
-def install_security_middleware(app: FastAPI, layer: SecurityLayer) -> None:
-    """Add audit → authn → rate limit; call between the inner middleware (body size,
-    catch-all) and the outer ones (telemetry, request id): the last added is outermost."""
-    if layer.limits is not None:
-        app.add_middleware(RateLimitMiddleware, service=layer.limits, render_error=error_response)
-    app.add_middleware(AnonymousPrincipalMiddleware)
-    if layer.audit is not None:
-        excluded = frozenset(layer.settings.audit.exclude_paths)
-        app.add_middleware(AuditMiddleware, audit=layer.audit, exclude_paths=excluded)

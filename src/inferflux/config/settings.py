@@ -2,18 +2,20 @@
 
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
-`observability` (logs, metrics, traces), and the security controls of
-`config/security_settings.py` (`redis`, `rate_limit`, `audit`, `guardrails`).
-`config/loader.py` builds a `Settings` from YAML < env < CLI; nothing here reads files or
-the environment, and nothing captures values at import time.
+`auth` (API keys, OIDC, tenants, the policy store: `auth_settings.py`), `observability`
+(logs, metrics, traces), and the security controls of `config/security_settings.py`
+(`redis`, `rate_limit`, `audit`, `guardrails`). `config/loader.py` builds a `Settings`
+from YAML < env < CLI; nothing here reads files or the environment, and nothing captures
+values at import time.
 """
 
 from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
 from inferflux.config.security_settings import (
     AuditSettings,
     GuardrailSettings,
@@ -42,6 +44,17 @@ class ServerSettings(_Section):
         description="A second TCP port serving the same API on server.host, for Ollama "
         "clients that assume Ollama's port (11434). Unset: only server.port.",
     )
+    tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins allowed by CORS (`*` = any; a comma-separated string in env). "
+        "Empty: CORS off.",
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> list[str]:
+        return check_cors_origins(value)
 
     @model_validator(mode="after")
     def _ports_differ(self) -> Self:
@@ -243,9 +256,8 @@ class MetricsSettings(_Section):
     )
     public: bool = Field(
         True,
-        description="Serve /metrics without credentials once authentication exists, for a "
-        "scraper inside the cluster. false: /metrics needs the `read` scope (the auth "
-        "middleware reads this flag; until authentication lands every route is open).",
+        description="Serve /metrics without credentials, for a scraper inside the cluster. "
+        "false: with authentication on, /metrics needs the `read` scope.",
     )
 
 
@@ -336,6 +348,7 @@ class Settings(_Section):
     structured_output: StructuredOutputSettings = Field(
         default_factory=StructuredOutputSettings  # type: ignore[arg-type]
     )
+    auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings  # type: ignore[arg-type]
     )

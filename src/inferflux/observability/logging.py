@@ -58,6 +58,24 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class AccessQueryRedactor(logging.Filter):
+    """Blanks the query-string values in uvicorn's access lines (`/v1/models?api_key=...`
+    → `/v1/models?api_key=<redacted>`): a client may put a credential in a URL, and the
+    log must not keep it. Parameter names stay, for debugging."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.name != "uvicorn.access" or not isinstance(args, tuple) or len(args) < 3:
+            return True
+        path = args[2]
+        if isinstance(path, str) and "?" in path:
+            route, _, query = path.partition("?")
+            names = (part.partition("=")[0] for part in query.split("&"))
+            redacted = "&".join(f"{name}=<redacted>" for name in names if name)
+            record.args = (*args[:2], f"{route}?{redacted}", *args[3:])
+        return True
+
+
 class RequestSampler(logging.Filter):
     """Keeps the info and debug lines of a `rate` fraction of requests.
 
@@ -79,19 +97,6 @@ class RequestSampler(logging.Filter):
             return True
         digest = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
         return int.from_bytes(digest, "big") < self._threshold
-
-
-class AccessLogQueryFilter(logging.Filter):
-    """Drops the query string from uvicorn's access-log lines: a client may put a secret
-    there (`?api_key=`), and the line would keep it. The path stays."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            path, sep, _ = args[2].partition("?")
-            if sep:
-                record.args = (*args[:2], f"{path}?<query omitted>", *args[3:])
-        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -162,6 +167,7 @@ def configure_logging(
             old.close()
     for new in handlers:
         new.addFilter(RequestIdFilter())
+        new.addFilter(AccessQueryRedactor())
         new.addFilter(RequestSampler(settings.log_sample_rate))
         root.addHandler(new)
     level = _LEVELS[settings.log_level]
@@ -171,10 +177,6 @@ def configure_logging(
         uvicorn_logger.handlers.clear()
         uvicorn_logger.propagate = True
         uvicorn_logger.setLevel(logging.NOTSET)
-    access = logging.getLogger("uvicorn.access")
-    for old_filter in [f for f in access.filters if isinstance(f, AccessLogQueryFilter)]:
-        access.removeFilter(old_filter)
-    access.addFilter(AccessLogQueryFilter())
 
 
 def _make_formatter(log_format: str, stream: TextIO) -> logging.Formatter:

@@ -36,6 +36,8 @@ from inferflux.api.ollama.responder import json_response, rfc3339_nano
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InvalidRequest, ModelNotFound
+from inferflux.security.principal import current_principal
+from inferflux.security.rbac import authorize_model
 
 router = APIRouter(tags=["ollama"])
 ShowBody = Annotated[OllamaShowRequest, Depends(json_body(OllamaShowRequest))]
@@ -54,10 +56,12 @@ def ollama_name(info: ModelInfo) -> str:
 
 def resolve_model(requested: str | None, info: ModelInfo) -> str:
     """The name to answer with (the client's spelling). Raises InvalidRequest (400) when
-    it is missing and ModelNotFound (404, Ollama's message) when it is not served."""
+    it is missing, ModelNotFound (404, Ollama's message) when it is not served and
+    PermissionDenied (403) when it is outside the caller's `allowed_models`."""
     if not requested:
         raise InvalidRequest("model is required", param="model")
     if requested in (info.model_id, ollama_name(info)):
+        authorize_model(info.model_id, ollama_name(info))
         return requested
     raise ModelNotFound(f"model '{requested}' not found", param="model")
 
@@ -171,9 +175,12 @@ def show_body(serving: ServingState, meta: GgufMetadata) -> dict[str, object]:
 
 @router.get("/api/tags")
 async def list_models(serving: ServingDep) -> Response:
-    """The served model, in Ollama's `/api/tags` shape."""
-    meta = await gguf_metadata(serving.model_info)
-    return json_response({"models": [model_entry(serving.model_info, meta)]})
+    """The served model, in Ollama's `/api/tags` shape (none outside `allowed_models`)."""
+    info = serving.model_info
+    if not current_principal().may_use_model(info.model_id):
+        return json_response({"models": []})
+    meta = await gguf_metadata(info)
+    return json_response({"models": [model_entry(info, meta)]})
 
 
 @router.post("/api/show")

@@ -38,6 +38,7 @@ from inferflux.errors import (
     ModelNotFound,
     QueueTimeout,
 )
+from inferflux.security.rbac import authorize_model
 
 T = TypeVar("T")
 _THREAD_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
@@ -45,8 +46,10 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 
 
 def check_model(requested: str | None, model_info: ModelInfo) -> str:
-    """The model id to answer with; raises ModelNotFound for a model we do not serve."""
+    """The model id to answer with; raises ModelNotFound for a model we do not serve and
+    PermissionDenied for one outside the caller's `allowed_models`."""
     if requested is None or requested == model_info.model_id:
+        authorize_model(model_info.model_id)
         return model_info.model_id
     raise ModelNotFound(
         f"the model '{requested}' does not exist on this server; it serves "

@@ -8,6 +8,8 @@ from fastapi import APIRouter
 from inferflux.api.deps import ModelInfoDep
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelNotFound
+from inferflux.security.principal import current_principal
+from inferflux.security.rbac import authorize_model
 
 router = APIRouter(tags=["openai"])
 
@@ -31,8 +33,9 @@ def model_card(info: ModelInfo) -> dict[str, object]:
 
 @router.get("/v1/models")
 async def list_models(info: ModelInfoDep) -> dict[str, object]:
-    """The models this server serves (one, for now)."""
-    return {"object": "list", "data": [model_card(info)]}
+    """The models this server serves (one, for now) that the caller may use."""
+    visible = current_principal().may_use_model(info.model_id)
+    return {"object": "list", "data": [model_card(info)] if visible else []}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -44,4 +47,5 @@ async def retrieve_model(model_id: str, info: ModelInfoDep) -> dict[str, object]
             f"'{info.model_id}' (GET /v1/models)",
             param="model",
         )
+    authorize_model(model_id)
     return model_card(info)

@@ -1,0 +1,13 @@
+"""The admin API (`/v1/admin/*`, `admin` scope): `api_keys`, `tenants`, `limits`
+(rate_limit and guardrails); shared plumbing in `changes`, bodies and views in `protocol`.
+`router` bundles every route; `api/app.py` includes it with `require_scope(Scope.ADMIN)`."""
+
+from fastapi import APIRouter
+
+from inferflux.api.admin import api_keys, limits, tenants
+
+router = APIRouter()
+for _module in (api_keys, tenants, limits):
+    router.include_router(_module.router)
+
+__all__ = ["router"]
