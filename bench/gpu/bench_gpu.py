@@ -1,17 +1,20 @@
 """InferFlux vs llama-server on one model, one GPU: the same streaming load on both.
 
-For each concurrency level N, llama-server is started with `-np N` slots (continuous
-batching, all layers on the GPU, `-c N × ctx`) and `bench/serve_load.py` runs N clients
-against it; InferFlux is started once (all layers on the GPU, `max_num_seqs` = the
-largest level) and serve_load runs every level against it. Each side has the machine to
-itself. Writes `<out>/<name>.json` (both sides' serve_load reports, server settings,
-start-up times, GPU memory) and prints a markdown table with the ratios.
+InferFlux is started once (all layers on the GPU, `max_num_seqs` = the largest level) and
+`bench/serve_load.py` runs each concurrency level N against it. Then, for each llama-server
+configuration (`--variant`; default: its defaults, and `--cache-ram 0`, which turns off
+the host-RAM prompt cache that saves idle slots), llama-server is started per level with
+`-np N` slots (continuous batching, all layers on the GPU, `-c N × ctx`) and measured at
+that level. Each server has the machine to itself. Writes `<out>/<name>.json` (every
+serve_load report, server commands, start-up times, GPU memory) and `<out>/<name>.md`, a
+table with the ratios InferFlux / llama-server.
 
     python bench/gpu/bench_gpu.py --model /tmp/m.gguf --name llama7b \\
         --llama-server build/bin/llama-server --out results/ --levels 1,8,16,32,64
 
 Any python with httpx runs it; InferFlux must be importable by `--python` (default: this
-interpreter). A level that fails or times out is recorded with its error, never dropped.
+interpreter). A level that fails, times out or misses `--deadline` is recorded with its
+error, never dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -50,6 +54,7 @@ class Bench:
     ngl: int
     max_batch_tokens: int
     deadline: float  # time.monotonic() after which no level starts
+    variants: dict[str, list[str]]  # llama-server configurations: name -> extra flags
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
@@ -121,22 +126,30 @@ def _serve_load(b: Bench, port: int, levels: list[int], tag: str) -> dict[str, A
     return report
 
 
-def llama_server_cmd(b: Bench, port: int, level: int) -> list[str]:
+def llama_server_cmd(b: Bench, port: int, level: int, extra: list[str]) -> list[str]:
     return [
         *(str(b.llama_server), "-m", str(b.model), "--host", "127.0.0.1", "--port", str(port)),
         *("-ngl", str(b.ngl), "-np", str(level), "-c", str(level * b.ctx), "-cb"),
-        *("-b", str(b.max_batch_tokens)),
+        *("-b", str(b.max_batch_tokens), *extra),
     ]
 
 
-def _measure(
-    b: Bench, cmd: list[str], env: dict[str, str], ready_path: str, tag: str, port: int
-) -> dict[str, Any]:
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`name=flags`: a llama-server configuration, e.g. `cram0=--cache-ram 0`."""
+    name, _, flags = text.partition("=")
+    if not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"need NAME=FLAGS, got {text!r}")
+    return name, shlex.split(flags)
+
+
+def _measure(b: Bench, cmd: list[str], env: dict[str, str], tag: str, port: int) -> dict[str, Any]:
     """Start a server, wait until ready, run serve_load level by level, stop it.
 
     Each level is its own serve_load run (a stuck level loses only itself); a level not
     started before the deadline is skipped and listed as such."""
-    levels = b.levels if tag == "inferflux" else [int(tag.rsplit("_", 1)[1])]
+    inferflux = tag == "inferflux"
+    levels = b.levels if inferflux else [int(tag.rsplit("_", 1)[1])]
+    ready_path = "/readyz" if inferflux else "/health"
     run: dict[str, Any] = {"cmd": cmd, "env": env, "report": {"levels": [], "errors": []}}
     with (b.out / f"{b.name}_{tag}.log").open("wb") as log:
         try:
@@ -168,15 +181,16 @@ def _one_level(b: Bench, port: int, level: int, tag: str, report: dict[str, Any]
 
 
 def run_llama_server(b: Bench, levels: list[int]) -> list[dict[str, Any]]:
-    """One llama-server per level (`-np` = the level), each measured at that level."""
-    return [
-        {"level": level}
-        | _measure(
-            b, llama_server_cmd(b, b.port, level), {}, "/health", f"llama_server_{level}", b.port
-        )
-        for level in levels
-        if time.monotonic() < b.deadline
-    ]
+    """Per variant, one llama-server per level (`-np` = the level), measured at that level."""
+    runs = []
+    for variant, extra in b.variants.items():
+        for level in levels:
+            if time.monotonic() > b.deadline:
+                break
+            cmd = llama_server_cmd(b, b.port, level, extra)
+            tag = f"llama_server_{variant}_{level}"
+            runs.append({"variant": variant, "level": level} | _measure(b, cmd, {}, tag, b.port))
+    return runs
 
 
 def inferflux_env(b: Bench) -> dict[str, str]:
@@ -194,7 +208,7 @@ def run_inferflux(b: Bench) -> dict[str, Any]:
     port = b.port + 1
     code = "import sys; from inferflux.cli.serve import main; sys.exit(main())"
     cmd = [b.python, "-c", code, "serve", "--port", str(port), "--model", str(b.model)]
-    return _measure(b, cmd, inferflux_env(b), "/readyz", "inferflux", port)
+    return _measure(b, cmd, inferflux_env(b), "inferflux", port)
 
 
 def _level(report: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
@@ -227,20 +241,28 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """Table: per level both servers, then InferFlux / llama-server."""
+    """Table: per level each llama-server variant, then InferFlux and its ratios to each."""
     head = (
         "| conc | server | out tok/s | req tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |"
         " IF / LS out tok/s | IF / LS TTFT p50 |"
     )
     rows = [head, "| " + " | ".join(["---"] * 9) + " |"]
     inferflux = result["inferflux"]["report"]
-    by_level = {run["level"]: run["report"] for run in result["llama_server"]}
+    variants = list(dict.fromkeys(run.get("variant", "default") for run in result["llama_server"]))
+    reports = {
+        (r.get("variant", "default"), r["level"]): r["report"] for r in result["llama_server"]
+    }
     for level in result["bench"]["levels"]:
-        ls = _level(by_level.get(level, {"levels": []}), level)
         inf = _level(inferflux, level)
-        ratios = [_ratio(inf, ls, "output_tok_s"), _ratio(inf, ls, "ttft_s")]
-        rows.append("| " + " | ".join([str(level), "llama-server", *_cells(ls), "", ""]) + " |")
-        rows.append("| " + " | ".join([str(level), "InferFlux", *_cells(inf), *ratios]) + " |")
+        ratios: list[list[str]] = [[], []]
+        for variant in variants:
+            ls = _level(reports.get((variant, level), {"levels": []}), level)
+            label = "llama-server" + ("" if variant == "default" else f" ({variant})")
+            rows.append("| " + " | ".join([str(level), label, *_cells(ls), "", ""]) + " |")
+            ratios[0].append(_ratio(inf, ls, "output_tok_s"))
+            ratios[1].append(_ratio(inf, ls, "ttft_s"))
+        cells = [" / ".join(r) for r in ratios]
+        rows.append("| " + " | ".join([str(level), "**InferFlux**", *_cells(inf), *cells]) + " |")
     return "\n".join(rows)
 
 
@@ -262,6 +284,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ngl", type=int, default=99, help="GPU layers (-1/99 = all)")
     p.add_argument("--max-batch-tokens", type=int, default=2048)
     p.add_argument("--deadline", type=float, default=1800.0, help="s: start no level after")
+    p.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=None,
+        help="llama-server configuration NAME=FLAGS, repeatable "
+        "(default: default= and cram0=--cache-ram 0)",
+    )
     return p
 
 
@@ -272,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         *(a.model, a.name, a.llama_server, a.python, levels, a.requests, a.max_tokens, a.ctx),
         *(a.min_words, a.max_words, a.port, a.out, a.level_timeout, a.ngl, a.max_batch_tokens),
         time.monotonic() + a.deadline,
+        dict(a.variant or [("default", []), ("cram0", ["--cache-ram", "0"])]),
     )
     b.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -297,6 +328,7 @@ def _settings(b: Bench) -> dict[str, Any]:
         "prompt_words": [b.min_words, b.max_words],
         "ngl": b.ngl,
         "max_batch_tokens": b.max_batch_tokens,
+        "llama_server_variants": b.variants,
     }
 
 

@@ -117,6 +117,12 @@ quantize gemma3 Q4_K_M
 ls -la "$M"
 
 phase bench
+# On the device image (Ubuntu 24.04 system Python, numpy 2.5.2), a process that imports numpy
+# or pyzmq before it loads the CUDA build of libllama segfaults in init_tokenizer (seen
+# 2026-11-22; cause not established). InferFlux imports both first. Preloading the system
+# libstdc++ avoids it; it changes nothing for llama-server, which gets it too.
+stdcxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+[ -n "$stdcxx" ] && export LD_PRELOAD="$stdcxx" && log "LD_PRELOAD=$stdcxx"
 for name in $MODELS; do
     if [ $SECONDS -gt "$BUDGET_S" ]; then
         log "skip $name: over the time budget ($BUDGET_S s)"

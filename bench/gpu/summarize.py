@@ -52,18 +52,26 @@ def targets(levels: list[dict[str, Any]]) -> str:
 
 def model_section(result: dict[str, Any]) -> list[str]:
     inferflux = result["inferflux"]
-    ls_levels = [lv for run in result["llama_server"] for lv in run["report"]["levels"]]
+    variants: dict[str, list[dict[str, Any]]] = {}
+    for run in result["llama_server"]:
+        variants.setdefault(run.get("variant", "default"), []).append(run)
     lines = [
         f"### {result['name']}: {result['model']} ({result['model_bytes'] / 2**30:.2f} GiB)",
         "",
         markdown(result),
         "",
         f"- InferFlux: {targets(inferflux['report']['levels'])}",
-        f"- llama-server: {targets(ls_levels)}",
-        f"- InferFlux ready after {inferflux.get('ready_s', float('nan')):.1f} s, "
-        f"GPU memory {inferflux.get('gpu_mem_mib')} MiB; llama-server GPU memory per level: "
-        + ", ".join(f"{r['level']}: {r.get('gpu_mem_mib')} MiB" for r in result["llama_server"]),
     ]
+    for variant, runs in variants.items():
+        levels = [lv for run in runs for lv in run["report"]["levels"]]
+        lines.append(f"- llama-server ({variant}): {targets(levels)}")
+    lines.append(
+        f"- GPU memory in use: InferFlux {inferflux.get('gpu_mem_mib')} MiB (ready after "
+        f"{inferflux.get('ready_s', float('nan')):.1f} s); llama-server per level: "
+        + ", ".join(
+            f"{r['level']}: {r.get('gpu_mem_mib')} MiB" for r in variants.get("default", [])
+        )
+    )
     reports = [inferflux["report"], *(r["report"] for r in result["llama_server"])]
     errors = [e for r in reports for e in [r.get("error"), *r.get("errors", [])] if e]
     if errors:
