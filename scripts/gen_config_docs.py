@@ -69,6 +69,48 @@ def _submodel(field: FieldInfo) -> type[BaseModel] | None:
     return None
 
 
+def _item_model(field: FieldInfo) -> type[BaseModel] | None:
+    """The item model of a `list[Model]` field (a list of entries such as API keys)."""
+    if typing.get_origin(field.annotation) is list:
+        (arg,) = typing.get_args(field.annotation)
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _item_sections(
+    model: type[BaseModel], prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], type[BaseModel]]]:
+    """Every `list[Model]` field as (`section.key[]`, item model), depth first."""
+    for name, field in model.model_fields.items():
+        sub, item = _submodel(field), _item_model(field)
+        if sub is not None:
+            yield from _item_sections(sub, (*prefix, name))
+        elif item is not None:
+            yield (*prefix, f"{name}[]"), item
+
+
+def _item_table(path: tuple[str, ...], model: type[BaseModel]) -> list[str]:
+    """The fields of one list entry (set in the YAML file; env vars take the whole list)."""
+    lines = [
+        f"## `{'.'.join(path)}`",
+        "",
+        " ".join((model.__doc__ or "One entry of the list.").split()),
+        "",
+        "| Key | Type | Default | Description |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, field in model.model_fields.items():
+        type_text = f"`{_type_name(field.annotation)}`"
+        bounds = _bounds(field)
+        if bounds:
+            type_text += f", {bounds}"
+        default = "required" if field.is_required() else f"`{_default(field)}`"
+        row = [f"`{name}`", type_text, default, field.description or ""]
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return [*lines, ""]
+
+
 def _type_name(ann: object) -> str:
     if ann is type(None):
         return "null"
@@ -76,6 +118,9 @@ def _type_name(ann: object) -> str:
         return " | ".join(json.dumps(arg) for arg in typing.get_args(ann))
     if typing.get_origin(ann) in (typing.Union, types.UnionType):
         return " | ".join(_type_name(arg) for arg in typing.get_args(ann))
+    if typing.get_origin(ann) in (list, dict):
+        args = ", ".join(_type_name(arg) for arg in typing.get_args(ann))
+        return f"{typing.get_origin(ann).__name__}[{args}]"
     return getattr(ann, "__name__", str(ann))
 
 
@@ -169,6 +214,8 @@ def render() -> str:
     lines += _example(sections)
     for path, model in sections:
         lines += _section_table(path, model)
+    for path, model in _item_sections(Settings):
+        lines += _item_table(path, model)
     lines += _aliases()
     return "\n".join(lines).rstrip("\n") + "\n"
 

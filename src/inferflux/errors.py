@@ -9,24 +9,27 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   ├── ContextLengthExceeded       400 context_length_exceeded
     │   └── RequestTooLarge             413 request_too_large
     │   └── ContentFiltered             400 content_filter (a guardrail blocked the request)
-    ├── Unauthorized                    401 invalid_api_key / invalid_token (no or bad credentials)
+    ├── Unauthorized                    401 invalid_api_key (no or bad credentials)
+    │   └── InvalidToken                401 invalid_token (a bearer JWT that does not verify)
     ├── PermissionDenied                403 insufficient_scope (authenticated, not allowed)
+    │   └── PolicyDenied                403 content_filter (the OPA content policy said no)
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After, x-ratelimit-*)
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
+    ├── Conflict                        409 conflict (an admin change that clashes, ...)
     ├── ServiceUnavailable              503 service_unavailable
     │   ├── NoWorkerReady               503 no_worker_ready
     │   ├── QueueFull                   503 queue_full (backpressure: above the high watermark)
-    │   └── PolicyUnavailable           503 policy_unavailable (OPA unreachable, fail closed)
+    │   └── PolicyUnavailable           503 policy_unavailable (OPA unreachable, store write)
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
     │   └── EngineDeadError             500 worker_died (its worker process died)
-    ├── Conflict                        409 conflict (the model lifecycle forbids it now)
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
     │   ├── ModelFileNotFound           404 model_file_not_found (no such regular file)
     │   └── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
     └── ConfigError                     invalid configuration (startup: exit non-zero)
+        └── PolicyStoreError            the policy store cannot be read (startup: exit non-zero)
 """
 
 from __future__ import annotations
@@ -98,12 +101,27 @@ class Unauthorized(InferfluxError):
         return {"www-authenticate": "Bearer"}
 
 
+class InvalidToken(Unauthorized):
+    """A bearer JWT that does not verify (expired, wrong audience, bad signature, ...)."""
+
+    code = "invalid_token"
+
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": 'Bearer error="invalid_token"'}
+
+
 class PermissionDenied(InferfluxError):
     """Authenticated, but the principal lacks the scope (or tenant/model right) it needs."""
 
     http_status = 403
     error_type = "permission_error"
     code = "insufficient_scope"
+
+
+class PolicyDenied(PermissionDenied):
+    """The external content policy (OPA) denied the request."""
+
+    code = "content_filter"
 
 
 class RateLimited(InferfluxError):
@@ -147,6 +165,15 @@ class NotFound(InferfluxError):
     http_status = 404
     error_type = "invalid_request_error"
     code = "not_found"
+
+
+class Conflict(InferfluxError):
+    """The request clashes with the current state (a tenant that exists, a key defined in
+    the config file that the admin API cannot change, unloading the default model, ...)."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
 
 
 class ServiceUnavailable(InferfluxError):
@@ -222,16 +249,14 @@ class ModelVerificationFailed(ModelLoadError):
     code = "model_verification_failed"
 
 
-class Conflict(InferfluxError):
-    """The request is valid but clashes with the current state (unloading the default
-    model, loading an id that is already registered...)."""
-
-    http_status = 409
-    error_type = "invalid_request_error"
-    code = "conflict"
-
-
 class ConfigError(InferfluxError):
     """The configuration is invalid; the message names the key, the value and the fix."""
 
     code = "config_error"
+
+
+class PolicyStoreError(ConfigError):
+    """The encrypted policy store is missing its passphrase, tampered with, truncated, from
+    another store, or cannot be written. Never answered by falling back to an open policy."""
+
+    code = "policy_store_error"

@@ -8,9 +8,11 @@ import dataclasses
 from pathlib import Path
 
 from inferflux.api.model_slot import ModelSlot, build_serving
+from inferflux.api.observed_engine import ObservedEngine
 from inferflux.api.telemetry import Telemetry, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.model_spec import ModelSpec
+from inferflux.engine.protocol import EngineClient, ModelInfo
 from inferflux.errors import ModelLoadError
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 
@@ -27,6 +29,9 @@ class FakeModelLoader:
         self.loads: list[str] = []
         self.engines: dict[str, FakeEngineClient] = {}  # by path name
 
+    def _observe(self, engine: EngineClient, tokenizer: object, info: ModelInfo) -> EngineClient:
+        return ObservedEngine(engine, self.telemetry, info.model_id)
+
     def slot(self, spec: ModelSpec) -> ModelSlot:
         info = dataclasses.replace(
             fake_model_info(),
@@ -40,7 +45,7 @@ class FakeModelLoader:
         name = Path(spec.adapters[-1].path).name if spec.adapters else spec.path.name
         engine = FakeEngineClient(pieces=[name])
         self.engines[name] = engine
-        serving = build_serving(self.settings, engine, FakeTokenizer(), info, self.telemetry)
+        serving = build_serving(self.settings, engine, FakeTokenizer(), info, self._observe)
         return ModelSlot(spec, serving, load_s=0.01)
 
     async def load(self, spec: ModelSpec) -> ModelSlot:

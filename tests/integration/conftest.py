@@ -9,7 +9,9 @@ lifespan started; `api_client` drives it with httpx's ASGITransport.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,8 @@ from fastapi import FastAPI
 from inferflux.api import create_app
 from inferflux.config.loader import load_settings
 from inferflux.engine import load_served_model, make_engine_client
+from inferflux.security.settings_policy import base_policy
+from tests.integration.security_support import ActAsMiddleware, MutablePolicySource, RedisServer
 from tests.integration.server_process import ServerProcess
 
 SERVER_START_TIMEOUT_S = 180.0
@@ -65,3 +69,63 @@ async def api_client(inprocess_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]
     transport = httpx.ASGITransport(app=inprocess_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://inferflux") as client:
         yield client
+
+
+@dataclass
+class SecurityApp:
+    """The app over the real engine with the security layer under a policy the test sets
+    (`source.set(...)`); requests act as `x-test-principal: key@tenant`."""
+
+    app: FastAPI
+    asgi: object
+    source: MutablePolicySource
+    audit_path: Path
+
+    def client(self) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=self.asgi)  # type: ignore[arg-type]
+        return httpx.AsyncClient(transport=transport, base_url="http://inferflux", timeout=120)
+
+    def audit_events(self) -> list[dict]:
+        text = self.audit_path.read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.splitlines() if line]
+
+
+@pytest.fixture(scope="session")
+async def security_app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SecurityApp]:
+    audit_path = tmp_path_factory.mktemp("audit") / "audit.jsonl"
+    settings = load_settings(
+        env={},
+        overrides={
+            "runtime.in_process": True,
+            "audit.path": str(audit_path),
+            "audit.log_raw_text": True,  # lets tests see what was queued (redaction)
+        },
+    )
+    source = MutablePolicySource(base_policy(settings))
+    model_info, tokenizer = load_served_model(settings)
+    engine = make_engine_client(settings, model_info)
+    app = create_app(
+        settings, engine=engine, tokenizer=tokenizer, model_info=model_info, policy_source=source
+    )
+    async with app.router.lifespan_context(app):
+        for _ in range(1200):
+            if engine.ready:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.ready, "the in-process engine did not become ready"
+        yield SecurityApp(app, ActAsMiddleware(app), source, audit_path)
+
+
+@pytest.fixture
+def secured(security_app: SecurityApp) -> Iterator[SecurityApp]:
+    """`security_app` with its policy reset after the test."""
+    yield security_app
+    security_app.source.reset()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port (no persistence), for the session."""
+    server = RedisServer()
+    yield server
+    server.kill()

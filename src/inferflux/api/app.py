@@ -1,8 +1,16 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id → telemetry (latency metrics, the HTTP span) →
-(security middleware go here: CORS → audit → authn → rate limit, DESIGN.md §4) →
+CORS → audit → authentication → rate limit (DESIGN.md §4; `api/security_stack.py`) →
 body-size limit → catch-all 500 → FastAPI's exception handlers → routes.
+
+Every router is included with the scope its routes need (`_ROUTERS`); only the health
+probes (and /metrics when public) have none, and a test fails any route that lacks one.
+Routes see each model's engine as `GuardedEngine(ObservedEngine(engine))`: security policy
+(tenant cache namespace, token limits, guardrails, audit record) outside, observation
+inside (a request refused by policy never reaches the metrics of generations). The models
+themselves (the default one, the registry's others, hot swap) belong to the
+`ModelManager` on `app.state.models`; `app.state.serving` is the default model's state.
 """
 
 from __future__ import annotations
@@ -14,38 +22,70 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
 from inferflux import __version__
-from inferflux.api import debug, health, metrics, stats
+from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
+from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from inferflux.api.model_loader import EngineFactory, EngineModelLoader
 from inferflux.api.model_manager import ModelManager
-from inferflux.api.model_slot import ModelSlot, build_serving, system_fingerprint
+from inferflux.api.model_slot import EngineWrapper, ModelSlot, build_serving, system_fingerprint
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
-from inferflux.api.ollama import router as ollama_router
+from inferflux.api.observed_engine import ObservedEngine
+from inferflux.api.ollama import chat as ollama_chat
+from inferflux.api.ollama import embed as ollama_embed
+from inferflux.api.ollama import generate as ollama_generate
+from inferflux.api.ollama import models as ollama_models
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
-from inferflux.api.telemetry import TelemetryMiddleware, make_telemetry
+from inferflux.api.security_setup import SecurityLayer, make_security_layer
+from inferflux.api.security_stack import SecurityState, build_security, install_security
+from inferflux.api.telemetry import Telemetry, TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.client import make_engine_client
 from inferflux.engine.model_registry import RegistryPlan, single_model_plan
 from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
+from inferflux.security.policy import PolicySource
+from inferflux.security.principal import Scope
+from inferflux.security.rbac import require_scope
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["create_app", "system_fingerprint"]
+
+# Every router and the scope its routes need (None: public, see `security_stack`).
+_ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
+    (health.router, None),
+    (stats.router, Scope.READ),
+    (debug.router, Scope.ADMIN),
+    (chat.router, Scope.GENERATE),
+    (completions.router, Scope.GENERATE),
+    (openai_models.router, Scope.READ),
+    (tokenize.router, Scope.GENERATE),
+    (native_generate.router, Scope.GENERATE),
+    (native_chat.router, Scope.GENERATE),
+    (embeddings.router, Scope.GENERATE),
+    (native_embeddings.router, Scope.GENERATE),
+    (ollama_generate.router, Scope.GENERATE),
+    (ollama_chat.router, Scope.GENERATE),
+    (ollama_embed.router, Scope.GENERATE),
+    (ollama_models.router, Scope.READ),
+    (admin.router, Scope.ADMIN),
+    (admin_models.router, Scope.ADMIN),
+    (admin_adapters.router, Scope.ADAPTER_MANAGER),
+)
 
 
 def create_app(
@@ -55,6 +95,8 @@ def create_app(
     tokenizer: Tokenizer,
     model_info: ModelInfo,
     tracer_provider: TracerProvider | None = None,
+    security: SecurityState | None = None,
+    policy_source: PolicySource | None = None,
     registry: RegistryPlan | None = None,
     engines: EngineFactory = make_engine_client,
 ) -> FastAPI:
@@ -62,11 +104,14 @@ def create_app(
 
     `engine`, `tokenizer` and `model_info` are the default model's (its engine not started
     yet); `registry` lists the other models and where new ones may come from (None: the
-    default model alone, admin loads resolving in its folder). `engines` builds the engine
-    client of every model loaded later. Routes see each engine wrapped in an
-    `ObservedEngine` (metrics, traces, /debug). `tracer_provider` replaces the one
-    `observability.tracing` describes (tests). Raises ModelLoadError when the chat
-    template (the GGUF's, or `model.chat_template`) does not compile.
+    default model alone, admin loads resolving in its folder); `engines` builds the engine
+    client of every model loaded later. `tracer_provider` replaces the one
+    `observability.tracing` describes (tests). `security` is built from `settings` when
+    not given (`inferflux serve` builds it first, so a bad policy store fails before the
+    model loads); `policy_source` replaces its policy (tests that change the policy
+    directly). Raises ModelLoadError when the chat template (the GGUF's, or
+    `model.chat_template`) does not compile, PolicyStoreError when the policy store cannot
+    be read.
     """
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
     plan = registry or single_model_plan(
@@ -77,50 +122,56 @@ def create_app(
         settings, lambda: models.workers() if models else [], model_info, tracer_provider
     )
     app.state.telemetry = telemetry
+    access = security or build_security(settings)
+    layer = make_security_layer(settings, telemetry.metrics, policy_source or access.policy)
+    wrap = _engine_wrapper(telemetry, layer)
     serving = build_serving(
-        model_settings(settings, plan.default), engine, tokenizer, model_info, telemetry
+        model_settings(settings, plan.default), engine, tokenizer, model_info, wrap
     )
     app.state.serving = serving
     models = ModelManager(
         settings.registry,
         plan,
         ModelSlot(plan.default, serving, close=getattr(tokenizer, "close", None)),
-        EngineModelLoader(settings, telemetry, engines),
+        EngineModelLoader(settings, wrap, engines),
         on_default=lambda current: setattr(app.state, "serving", current),
     )
     app.state.models = models
-    _include_routers(app)
+    install_error_handlers(app)
+    _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    install_security(app, settings, access, layer)
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
 
 
-def _include_routers(app: FastAPI) -> None:
-    install_error_handlers(app)
-    for router in (
-        health.router,
-        stats.router,
-        metrics.router,
-        debug.router,
-        chat.router,
-        completions.router,
-        openai_models.router,
-        tokenize.router,
-        native_generate.router,
-        native_chat.router,
-        embeddings.router,
-        native_embeddings.router,
-        ollama_router,
-        # NOTE(#6): admin routes; the security layer attaches require_scope(Scope.ADMIN)
-        # to admin_models and require_scope(Scope.ADAPTER_MANAGER) to admin_adapters.
-        admin_models.router,
-        admin_adapters.router,
-    ):
-        app.include_router(router)
+def _engine_wrapper(telemetry: Telemetry, layer: SecurityLayer) -> EngineWrapper:
+    """How every model's engine is seen by the routes: observed, then guarded."""
+
+    def wrap(engine: EngineClient, tokenizer: Tokenizer, model_info: ModelInfo) -> EngineClient:
+        return GuardedEngine(
+            ObservedEngine(engine, telemetry, model_info.model_id),
+            tokenizer=tokenizer,
+            model=model_info.model_id,
+            source=layer.source,
+            limits=layer.limits,
+            guardrails=layer.guardrails,
+        )
+
+    return wrap
+
+
+def _include_routers(app: FastAPI, settings: Settings) -> None:
+    for router, scope in _ROUTERS:
+        app.include_router(router, dependencies=[require_scope(scope)] if scope else None)
+    public_metrics = metrics.is_public(settings)
+    app.include_router(
+        metrics.router, dependencies=None if public_metrics else [require_scope(Scope.READ)]
+    )
 
 
 @asynccontextmanager
@@ -138,6 +189,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await starting
         await models.shutdown()
+        await app.state.security_layer.aclose()
         app.state.telemetry.shutdown()
 
 

@@ -1,9 +1,10 @@
 """GET /debug/requests and GET /debug/requests/{request_id}: live and recent generations.
 
 ADMIN-ONLY: these routes show token ids (and, with `observability.debug_prompts`, text)
-of every client's requests. Until authentication lands (issue #6) every route is open,
-so do not expose a server with these routes beyond trusted networks; the auth middleware
-must require the `admin` scope for the `/debug` prefix (`ADMIN_PREFIX`).
+of every client's requests, so `api/app.py` includes them with the `admin` scope. Admins
+are operators of the whole server and see every tenant's requests (each shows its
+`tenant`; `?tenant=` filters); no other principal reaches these routes at all, which is
+how one tenant never sees another's requests. With authentication off everyone is admin.
 
 Memory is bounded by `observability.debug_history` and `observability.debug_trace_events`
 (api/request_tracker.py).
@@ -24,14 +25,15 @@ router = APIRouter(prefix=ADMIN_PREFIX, tags=["debug (admin)"])
 
 
 @router.get("/requests")
-async def debug_requests(telemetry: TelemetryDep) -> dict[str, object]:
-    """Running and queued generations (oldest first) with their phase, tokens so far and
-    timings, and the most recently finished ones (newest first). Admin-only."""
+async def debug_requests(telemetry: TelemetryDep, tenant: str | None = None) -> dict[str, object]:
+    """Running and queued generations (oldest first) with their tenant, phase, tokens so
+    far and timings, and the most recently finished ones (newest first); `?tenant=` keeps
+    one tenant's. Admin-only."""
     now = time.monotonic()
     tracker = telemetry.tracker
     return {
-        "active": [t.summary(now) for t in tracker.live()],
-        "recent": [t.summary(now) for t in tracker.recent()],
+        "active": [t.summary(now) for t in tracker.live() if tenant in (None, t.tenant)],
+        "recent": [t.summary(now) for t in tracker.recent() if tenant in (None, t.tenant)],
     }
 
 

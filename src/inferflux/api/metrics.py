@@ -2,8 +2,8 @@
 
 The metrics themselves live in observability/metrics.py; `api/telemetry.py` feeds them.
 Public by default (`observability.metrics.public`): a scraper inside the cluster needs no
-credentials. With `public: false` the authentication middleware (issue #6) requires the
-`read` scope here; `is_public` is the flag it reads. With `observability.metrics.enabled:
+credentials. With `public: false` the route needs the `read` scope (`api/app.py` and the
+public paths of `api/security_stack.py` read `is_public`). With `observability.metrics.enabled:
 false` the route answers 404 and nothing is recorded.
 """
 

@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from inferflux.api.model_slot import ModelSlot, build_serving
-from inferflux.api.telemetry import Telemetry
+from inferflux.api.model_slot import EngineWrapper, ModelSlot, build_serving
 from inferflux.config.settings import Settings
 from inferflux.engine.model_files import load_model
 from inferflux.engine.model_spec import ModelSpec, model_settings
@@ -32,9 +31,9 @@ class ModelLoader(Protocol):
 class EngineModelLoader:
     """Loads models into engine workers of their own."""
 
-    def __init__(self, settings: Settings, telemetry: Telemetry, engines: EngineFactory) -> None:
+    def __init__(self, settings: Settings, wrap: EngineWrapper, engines: EngineFactory) -> None:
         self.settings = settings
-        self.telemetry = telemetry
+        self.wrap = wrap
         self.engines = engines
 
     async def load(self, spec: ModelSpec) -> ModelSlot:
@@ -43,7 +42,7 @@ class EngineModelLoader:
         info, tokenizer = await asyncio.to_thread(load_model, spec, settings)
         try:
             engine = self.engines(settings, info)
-            serving = build_serving(settings, engine, tokenizer, info, self.telemetry)
+            serving = build_serving(settings, engine, tokenizer, info, self.wrap)
             try:
                 await serving.engine.start()
             except BaseException:

@@ -33,7 +33,7 @@ from inferflux.api.model_router import LifecycleResult, ModelState, ModelView
 from inferflux.api.model_slot import ModelSlot, release_freed_memory
 from inferflux.api.registry_watch import ManifestWatcher
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
-from inferflux.config.settings import RegistrySettings
+from inferflux.config.registry_settings import RegistrySettings
 from inferflux.engine.model_registry import RegistryPlan
 from inferflux.engine.model_spec import (
     ModelSpec,
@@ -103,6 +103,13 @@ class ModelManager:
             yield slot.serving
         finally:
             slot.release()
+
+    def access_names(self, name: str | None, adapter: str | None = None) -> tuple[str, ...]:
+        model_id = self._resolve(name)
+        if adapter is not None:
+            model_id = self._resolve(f"{model_id}:{adapter}")
+        base = self._specs[model_id].base_id
+        return (model_id, base) if base else (model_id,)
 
     def default_serving(self) -> ServingState:
         return self._slots[self._default].serving

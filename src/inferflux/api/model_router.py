@@ -22,6 +22,7 @@ from inferflux.api.errors import OLLAMA_PATH_PREFIX
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.engine.protocol import LoraAdapter, ModelInfo, WorkerStatus
 from inferflux.errors import ModelNotFound
+from inferflux.security.rbac import authorize_model
 
 ModelState = Literal["loaded", "loading", "registered", "retiring", "failed"]
 
@@ -74,6 +75,12 @@ class ModelRouter(Protocol):
         `<that model's id>:<adapter>` (its LoRA adapter). Raises ModelNotFound (404) for
         an unknown name, ModelLoadError if it cannot be loaded, ServiceUnavailable when
         every resident model is busy and none can make room."""
+        ...
+
+    def access_names(self, name: str | None, adapter: str | None = None) -> tuple[str, ...]:
+        """The names a principal's `allowed_models` can grant the model `name` (and
+        `adapter`) resolves to, checked before anything loads: its id, and a LoRA adapter
+        model's base id. Raises ModelNotFound."""
         ...
 
     def default_serving(self) -> ServingState:
@@ -174,7 +181,8 @@ def _str_field(body: Any, name: str) -> str | None:  # Any: a request model
 
 def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[ServingState]]:
     """The dependency that leases the model a `body_model` request names (its `model`,
-    and its `adapter` when it has one) until the response is fully sent. The body is
+    and its `adapter` when it has one) until the response is fully sent, once the caller's
+    `allowed_models` (403) permit it. The body is
     parsed once: the route's own `json_body(body_model)` dependency is the same one.
 
     An unknown model is a 404 `model_not_found`: Ollama's message under /api/, OpenAI's
@@ -186,12 +194,18 @@ def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[Serv
         body: BaseModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
     ) -> AsyncIterator[ServingState]:
         name, adapter = _str_field(body, "model"), _str_field(body, "adapter")
+        models = get_models(request)
+        ollama = request.url.path.startswith(OLLAMA_PATH_PREFIX)
         try:
-            async with get_models(request).lease(name, adapter) as serving:
+            names = models.access_names(name, adapter)
+            # NOTE: before the lease, which may load the model: a caller outside the
+            # model's `allowed_models` never makes the server load it
+            authorize_model(*names, *(f"{n}:latest" for n in names if ollama and ":" not in n))
+            async with models.lease(name, adapter) as serving:
                 _count_moe(request, serving)
                 yield serving
         except ModelNotFound as exc:
-            if request.url.path.startswith(OLLAMA_PATH_PREFIX):
+            if ollama:
                 raise
             shown = name if adapter is None else f"{name or ''}:{adapter}"
             raise ModelNotFound(

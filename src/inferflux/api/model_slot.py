@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 
 from inferflux import __version__
 from inferflux.api.deps import ServingState
-from inferflux.api.observed_engine import ObservedEngine
-from inferflux.api.telemetry import Telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
@@ -46,15 +44,20 @@ def system_fingerprint(model_info: ModelInfo) -> str:
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
+# How the routes see a model's engine: observed and guarded (api/app.py builds it).
+EngineWrapper = Callable[[EngineClient, Tokenizer, ModelInfo], EngineClient]
+
+
 def build_serving(
     settings: Settings,
     engine: EngineClient,
     tokenizer: Tokenizer,
     model_info: ModelInfo,
-    telemetry: Telemetry,
+    wrap: EngineWrapper,
 ) -> ServingState:
     """The routes' view of one model. `settings` are the model's own (per-model values
-    applied). Raises ModelLoadError when the chat template does not compile."""
+    applied); `wrap` gives the engine the routes see. Raises ModelLoadError when the chat
+    template does not compile."""
     chat_template = ChatTemplate.from_model(
         settings.model.chat_template or tokenizer.chat_template,
         model_info.architecture,
@@ -63,7 +66,7 @@ def build_serving(
     )
     return ServingState(
         settings=settings,
-        engine=ObservedEngine(engine, telemetry, model_info.model_id),
+        engine=wrap(engine, tokenizer, model_info),
         tokenizer=tokenizer,
         model_info=model_info,
         chat_template=chat_template,

@@ -43,6 +43,7 @@ from inferflux.observability.tracing import (
     SYSTEM,
     inject_context,
 )
+from inferflux.security.principal import principal_var
 
 _FAILED = frozenset({FinishReason.ERROR, FinishReason.TIMEOUT})
 
@@ -59,7 +60,9 @@ class _Generation:
         self.record: RequestRecord | None = record
         self.started_at = record.started_at if record is not None else time.monotonic()
         self.last_token_at: float | None = None
-        self.tracked: TrackedRequest = telemetry.tracker.start(request)
+        principal = principal_var.get()
+        tenant = principal.tenant if principal is not None else None
+        self.tracked: TrackedRequest = telemetry.tracker.start(request, tenant=tenant)
         self.span: trace.Span | None = None
         self.stream_span: trace.Span | None = None
         self.finish: FinishReason | None = None

@@ -39,6 +39,7 @@ class TrackedRequest:
     max_tokens: int
     submitted_at: float  # time.monotonic()
     submitted_unix: float  # time.time(), for humans
+    tenant: str | None = None  # of the caller (None: submitted outside a request)
     phase: str = "queued"
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
@@ -55,6 +56,7 @@ class TrackedRequest:
         elapsed = self.finished_s if self.finished_s is not None else now - self.submitted_at
         return {
             "request_id": self.request_id,
+            "tenant": self.tenant,
             "phase": self.phase,
             "priority": self.priority,
             "submitted_unix": round(self.submitted_unix, 3),
@@ -95,10 +97,11 @@ class RequestTracker:
         self._max_events = max_events
         self._keep_text = keep_text
 
-    def start(self, request: AddRequest) -> TrackedRequest:
+    def start(self, request: AddRequest, tenant: str | None = None) -> TrackedRequest:
         """Track a request about to be submitted (replaces a live one with the same id)."""
         tracked = TrackedRequest(
             request_id=request.request_id,
+            tenant=tenant,
             priority=str(request.priority),
             num_prompt_tokens=len(request.prompt_token_ids),
             max_tokens=request.sampling.max_tokens,

@@ -1,8 +1,10 @@
 """`inferflux serve`: settings → logging → model → engine client → app → uvicorn.
 
-Exit codes: 2 for an invalid configuration or model manifest (the message names the key
-and the fix), 1 when the default model cannot be verified or loaded, 3 (uvicorn's) when
-the engine fails to start.
+Exit codes: 2 for an invalid configuration, model manifest or a policy store that cannot
+be read (the message names the key or the problem and the fix), 1 when the default model
+cannot be verified or loaded, 3 (uvicorn's) when the engine fails to start.
+
+`inferflux digest-key` prints the digest of a key for `auth.api_keys[].sha256`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
+import ssl
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from inferflux.api import create_app
+from inferflux.api.security_stack import SecurityState, build_security
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
 from inferflux.engine import make_engine_client
@@ -27,10 +32,13 @@ from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ConfigError, ModelLoadError
 from inferflux.observability.logging import configure_logging
+from inferflux.security.api_keys import KeyDigester
 
 EXIT_CONFIG_ERROR = 2
 EXIT_MODEL_ERROR = 1
 GRACEFUL_SHUTDOWN_S = 10
+# TLS 1.2 suites: forward secret AEAD only (TLS 1.3 suites are always AEAD).
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!MD5:!DSS"
 
 logger = logging.getLogger(__name__)
 
@@ -92,25 +100,65 @@ def serve(
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
     configure_logging(settings.observability)
-    asgi_app, model_info = _build_app(settings)
+    _check_tls(settings)
+    security = _build_security(settings)
+    asgi_app, model_info = _build_app(settings, security)
     typer.echo(startup_banner(settings, model_info))
-    # NOTE: authentication does not exist yet (issue #6); say so loudly, every start.
-    logger.warning(
-        "no authentication: any client that can reach %s:%d can use this server",
-        settings.server.host,
-        settings.server.port,
-    )
+    if not security.authenticator.enabled:
+        # NOTE: DESIGN §7: no auth is the newcomer's default; say so loudly, every start.
+        logger.warning(
+            "AUTHENTICATION IS OFF: no API key or OIDC issuer is configured, so any client "
+            "that can reach %s:%d can use this server, admin API included "
+            "(see docs/security.md)",
+            settings.server.host,
+            settings.server.port,
+        )
     _run(asgi_app, settings)
 
 
+def _build_security(settings: Settings) -> SecurityState:
+    """The security state, before the model loads; a bad policy store exits 2."""
+    try:
+        return build_security(settings)
+    except ConfigError as exc:  # PolicyStoreError included
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
+
+
+@app.command("digest-key")
+def digest_key(
+    config: Annotated[Path | None, typer.Option(help="YAML config file (for auth.pepper).")] = None,
+) -> None:
+    """Read an API key on stdin; print the digest for auth.api_keys[].sha256 (HMAC-SHA-256
+    keyed with auth.pepper / INFERFLUX_AUTH_PEPPER when set, as the server computes it)."""
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
+    key = sys.stdin.readline().strip()
+    if not key:
+        typer.echo("inferflux: give the key on stdin", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR)
+    pepper = settings.auth.pepper
+    typer.echo(KeyDigester(pepper.get_secret_value() if pepper else None).digest(key))
+
+
 def _run(asgi_app: FastAPI, settings: Settings) -> None:
+    tls = settings.server.tls
     config = uvicorn.Config(
         asgi_app,
         host=settings.server.host,
         port=settings.server.port,
         log_config=None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ssl_certfile=tls.cert_path if tls.enabled else None,
+        ssl_keyfile=tls.key_path if tls.enabled else None,
+        ssl_ciphers=TLS12_CIPHERS,  # uvicorn's default ("TLSv1") allows CBC-SHA1 suites
     )
+    config.load()
+    if config.ssl is not None:
+        config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2  # TLS 1.0 and 1.1 refused
     server = uvicorn.Server(config)
     # the app calls this when no engine worker can start: a clean stop, then exit 1
     asgi_app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
@@ -119,6 +167,25 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
     if start_error:
         typer.echo(f"inferflux: {start_error}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR)
+
+
+def _check_tls(settings: Settings) -> None:
+    """With server.tls on, load the certificate and key once before anything else, so a
+    missing or mismatched file exits 2 at once with a clear message."""
+    tls = settings.server.tls
+    if not tls.enabled:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            str(tls.cert_path), str(tls.key_path)
+        )
+    except (OSError, ssl.SSLError) as exc:
+        typer.echo(
+            f"inferflux: server.tls: cannot load cert_path {tls.cert_path} / key_path "
+            f"{tls.key_path}: {exc}",
+            err=True,
+        )
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
 
 
 def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[socket.socket] | None:
@@ -130,7 +197,7 @@ def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[soc
     return [config.bind_socket(), ollama.bind_socket()]
 
 
-def _build_app(settings: Settings) -> tuple[FastAPI, ModelInfo]:
+def _build_app(settings: Settings, security: SecurityState) -> tuple[FastAPI, ModelInfo]:
     """The registry (the manifest, or `model.path` alone), the default model (verified,
     vocabulary loaded), its engine client and the app. An invalid manifest exits with
     status 2, a default model that cannot be verified or loaded with status 1."""
@@ -140,7 +207,12 @@ def _build_app(settings: Settings) -> tuple[FastAPI, ModelInfo]:
         model_info, tokenizer = load_model(plan.default, own_settings)
         engine = make_engine_client(own_settings, model_info)
         asgi_app = create_app(
-            settings, engine=engine, tokenizer=tokenizer, model_info=model_info, registry=plan
+            settings,
+            engine=engine,
+            tokenizer=tokenizer,
+            model_info=model_info,
+            security=security,
+            registry=plan,
         )
     except ConfigError as exc:
         typer.echo(f"inferflux: {exc.message}", err=True)
@@ -157,13 +229,15 @@ def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     if ":" in shown:
         shown = f"[{shown}]"
-    base = f"http://{shown}:{settings.server.port}"
+    scheme = "https" if settings.server.tls.enabled else "http"
+    base = f"{scheme}://{shown}:{settings.server.port}"
     body = (
         f'{{"model": "{model_info.model_id}", "messages": '
         '[{"role": "user", "content": "Say hello in five words."}], "max_tokens": 32}'
     )
+    auth = ' -H "Authorization: Bearer $INFERFLUX_API_KEY"' if settings.auth.enabled else ""
     curl = (
-        f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"curl -s {base}/v1/chat/completions{auth} -H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)}"
     )
     banner = (

@@ -35,7 +35,25 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_WORKERS": "runtime.workers",
     "INFERFLUX_LOG_LEVEL": "observability.log_level",
     "INFERFLUX_LOG_FORMAT": "observability.log_format",
+    "INFERFLUX_REDIS_URL": "redis.url",
+    "INFERFLUX_AUDIT_HMAC_KEY": "audit.hmac_key",
+    "INFERFLUX_TLS_ENABLED": "server.tls.enabled",
+    "INFERFLUX_TLS_CERT_PATH": "server.tls.cert_path",
+    "INFERFLUX_TLS_KEY_PATH": "server.tls.key_path",
+    "INFERFLUX_AUTH_PEPPER": "auth.pepper",
+    "INFERFLUX_POLICY_STORE": "auth.policy_store",
+    "INFERFLUX_POLICY_PASSPHRASE": "auth.policy_passphrase",
 }
+# Keys whose values are secrets: never quoted in an error message, and (ENV_ONLY) refused
+# anywhere but the environment.
+SECRET_KEYS = (
+    "auth.api_keys",
+    "auth.pepper",
+    "auth.policy_passphrase",
+    "redis.url",
+    "audit.hmac_key",
+)
+ENV_ONLY_KEYS = {"auth.policy_passphrase": "INFERFLUX_POLICY_PASSPHRASE"}
 
 
 def load_settings(
@@ -58,10 +76,25 @@ def load_settings(
     for key, value in (overrides or {}).items():
         if value is not None:
             _put(merged, sources, key, value, "command line")
+    _refuse_secrets_outside_env(merged, sources)
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, sources)) from None
+
+
+def _refuse_secrets_outside_env(merged: dict[str, Any], sources: dict[str, str]) -> None:
+    """A secret set (not null) anywhere but the environment stops the load."""
+    for key, env_name in ENV_ONLY_KEYS.items():
+        node: Any = merged
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        source = _source_of(key, sources)
+        if node is not None and not source.startswith("env "):
+            raise ConfigError(
+                f"{key} ({source}): a secret is never read from a file or flag; "
+                f"remove it there and export {env_name} instead"
+            )
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -141,6 +174,11 @@ def _describe(exc: ValidationError, sources: dict[str, str]) -> str:
                 "(docs/configuration.md lists every key)"
             )
             continue
-        value = err.get("input")
-        lines.append(f"  {key} = {value!r} ({source}): {err['msg']}; set a valid {key}")
+        shown = "<redacted>" if _is_secret(key) else repr(err.get("input"))
+        lines.append(f"  {key} = {shown} ({source}): {err['msg']}; set a valid {key}")
     return "\n".join(lines)
+
+
+def _is_secret(key: str) -> bool:
+    """True for a secret key, a section holding one (`auth`), or a part of one."""
+    return any(key == s or key.startswith(f"{s}.") or s.startswith(f"{key}.") for s in SECRET_KEYS)

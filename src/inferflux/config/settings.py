@@ -2,7 +2,9 @@
 
 Sections mirror the architecture: `server` (HTTP edge), `model` (what is served),
 `runtime` (worker processes and llama.cpp context), `scheduler` (continuous batching),
-`observability` (logs, metrics, traces), `registry` (several models, the manifest).
+`auth` (API keys, OIDC, tenants, the policy store: `auth_settings.py`), `observability`
+(logs, metrics, traces), `registry` (several models, the manifest), and the security
+controls of `config/security_settings.py` (`redis`, `rate_limit`, `audit`, `guardrails`).
 `config/loader.py` builds a `Settings` from YAML < env < CLI; nothing here reads files or
 the environment, and nothing captures values at import time.
 """
@@ -12,6 +14,15 @@ from __future__ import annotations
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.registry_settings import RegistrySettings
+from inferflux.config.security_settings import (
+    AuditSettings,
+    GuardrailSettings,
+    RateLimitSettings,
+    RedisSettings,
+)
 
 
 class _Section(BaseModel):
@@ -34,6 +45,17 @@ class ServerSettings(_Section):
         description="A second TCP port serving the same API on server.host, for Ollama "
         "clients that assume Ollama's port (11434). Unset: only server.port.",
     )
+    tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins allowed by CORS (`*` = any; a comma-separated string in env). "
+        "Empty: CORS off.",
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> list[str]:
+        return check_cors_origins(value)
 
     @model_validator(mode="after")
     def _ports_differ(self) -> Self:
@@ -241,9 +263,8 @@ class MetricsSettings(_Section):
     )
     public: bool = Field(
         True,
-        description="Serve /metrics without credentials once authentication exists, for a "
-        "scraper inside the cluster. false: /metrics needs the `read` scope (the auth "
-        "middleware reads this flag; until authentication lands every route is open).",
+        description="Serve /metrics without credentials, for a scraper inside the cluster. "
+        "false: with authentication on, /metrics needs the `read` scope.",
     )
 
 
@@ -324,56 +345,6 @@ class ObservabilitySettings(_Section):
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
 
 
-class RegistrySettings(_Section):
-    path: str | None = Field(
-        None,
-        description="YAML manifest of the models to serve (docs/models.md). Unset: the one "
-        "model of the `model` section.",
-    )
-    models_dir: str | None = Field(
-        None,
-        description="Folder that manifest and admin-API model paths resolve in; a path "
-        "escaping it is refused. Unset: the manifest's folder.",
-    )
-    poll_interval_ms: int = Field(
-        2000,
-        ge=0,
-        le=3_600_000,
-        description="How often the manifest file is checked for changes (an added entry "
-        "loads, a removed one unloads, a changed one is swapped). 0 = never.",
-    )
-    max_resident_models: int = Field(
-        2,
-        ge=1,
-        le=64,
-        description="Models loaded at once; loading one more unloads the least recently "
-        "used idle model (never the default).",
-    )
-    drain_timeout_s: float = Field(
-        300.0,
-        gt=0,
-        le=86_400,
-        description="How long a swapped-out or unloaded model keeps serving its in-flight "
-        "requests before its workers are stopped anyway.",
-    )
-    public_keys: list[str] = Field(
-        default_factory=list,
-        description="Trusted ed25519 public keys (base64 of the 32 raw bytes). A manifest "
-        "entry's `signature` must verify with one of them.",
-    )
-    require_signatures: bool = Field(
-        False, description="Refuse manifest and admin-API models that carry no signature."
-    )
-
-    @field_validator("public_keys", mode="before")
-    @classmethod
-    def _split_keys(cls, value: object) -> object:
-        """An env var gives one string: keys separated by commas."""
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-
 class Settings(_Section):
     """Everything InferFlux reads at startup. Build it with `config.loader.load_settings`."""
 
@@ -384,8 +355,17 @@ class Settings(_Section):
     structured_output: StructuredOutputSettings = Field(
         default_factory=StructuredOutputSettings  # type: ignore[arg-type]
     )
+    auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings  # type: ignore[arg-type]
+    )
+    redis: RedisSettings = Field(default_factory=RedisSettings)  # type: ignore[arg-type]
+    rate_limit: RateLimitSettings = Field(
+        default_factory=RateLimitSettings  # type: ignore[arg-type]
+    )
+    audit: AuditSettings = Field(default_factory=AuditSettings)  # type: ignore[arg-type]
+    guardrails: GuardrailSettings = Field(
+        default_factory=GuardrailSettings  # type: ignore[arg-type]
     )
     registry: RegistrySettings = Field(
         default_factory=RegistrySettings  # type: ignore[arg-type]

@@ -26,6 +26,8 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # cancelled: client gone, or shutdown
     ERROR = "error"  # failed inside the engine; `RequestDelta.error` says why
     TIMEOUT = "timeout"  # waited in the queue past `scheduler.queue_timeout_s`; never ran
+    # a guardrail stopped the output (set by the API's engine wrapper, never by a worker)
+    CONTENT_FILTER = "content_filter"
 
 
 class Priority(enum.StrEnum):
@@ -43,6 +45,7 @@ OPENAI_FINISH_REASON: dict[FinishReason, str] = {
     FinishReason.ABORT: "stop",
     FinishReason.ERROR: "error",
     FinishReason.TIMEOUT: "error",
+    FinishReason.CONTENT_FILTER: "content_filter",
 }
 
 

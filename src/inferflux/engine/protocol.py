@@ -51,6 +51,12 @@ class ModelInfo:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
+    def access_names(self) -> tuple[str, ...]:
+        """The names a principal's `allowed_models` can grant this model by: its id, and
+        for a LoRA adapter model its base model's id (an allowed base allows its adapters)."""
+        base = self.base_model_id
+        return (self.model_id, base) if base else (self.model_id,)
+
     def serves(self, name: str | None) -> bool:
         """True when `name` (the request's `model`) is this model's id or an alias."""
         if name is None or name == self.model_id or name in self.aliases:

@@ -58,6 +58,24 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class AccessQueryRedactor(logging.Filter):
+    """Blanks the query-string values in uvicorn's access lines (`/v1/models?api_key=...`
+    → `/v1/models?api_key=<redacted>`): a client may put a credential in a URL, and the
+    log must not keep it. Parameter names stay, for debugging."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.name != "uvicorn.access" or not isinstance(args, tuple) or len(args) < 3:
+            return True
+        path = args[2]
+        if isinstance(path, str) and "?" in path:
+            route, _, query = path.partition("?")
+            names = (part.partition("=")[0] for part in query.split("&"))
+            redacted = "&".join(f"{name}=<redacted>" for name in names if name)
+            record.args = (*args[:2], f"{route}?{redacted}", *args[3:])
+        return True
+
+
 class RequestSampler(logging.Filter):
     """Keeps the info and debug lines of a `rate` fraction of requests.
 
@@ -149,6 +167,7 @@ def configure_logging(
             old.close()
     for new in handlers:
         new.addFilter(RequestIdFilter())
+        new.addFilter(AccessQueryRedactor())
         new.addFilter(RequestSampler(settings.log_sample_rate))
         root.addHandler(new)
     level = _LEVELS[settings.log_level]

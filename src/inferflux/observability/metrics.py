@@ -10,8 +10,9 @@ requests, engine deltas and the engine's per-step `StepStats`.
 Naming (prometheus.io): `inferflux_` prefix, base units (`_seconds`), counters end in
 `_total`; the OBS-1 names of spec/non-functional-requirements.md are kept exactly. Labels
 are bounded: `model`, `route` (the route template, never the raw path), `status`,
-`priority`, `finish_reason`, `backend`, `worker` (an index below runtime.workers), and
-never a key, a user or a prompt. docs/observability.md lists every metric.
+`priority`, `finish_reason`, `backend`, `worker` (an index below runtime.workers), and the
+security labels `kind`, `outcome`, `mode`, `stage`, `rule`, `action` (fixed small sets);
+never a key, a user, a tenant or a prompt. docs/observability.md lists every metric.
 
 Worker counters (prefix cache, fairness) are summed over workers; a restarted worker
 starts its counters again at 0, which Prometheus' `rate()` treats as a counter reset.
@@ -45,6 +46,11 @@ STEP_BUCKETS = (
 )  # fmt: skip
 BATCH_SEQS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Guardrail verdicts: 50 µs (a blocklist scan of one delta) to 2.5 s (an OPA timeout).
+VERDICT_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+)  # fmt: skip
 
 
 class FairnessView(Protocol):
@@ -135,6 +141,7 @@ class Metrics:
         self._init_http()
         self._init_generation()
         self._init_engine()
+        self._init_security()
         info_gauge = Gauge(
             "inferflux_backend_info",
             "Always 1; the labels say which backend, device and mode serve the model",
@@ -276,6 +283,50 @@ class Metrics:
         for priority in PRIORITIES:
             for family in (self.queue_wait, self.prefill_duration, self.decode_duration):
                 family.labels(priority=priority)
+
+    def _init_security(self) -> None:
+        """Rate limits and guardrails (issue 6). Labels: `kind` (requests, tokens,
+        concurrency), `outcome`, `mode`, `stage` (input, output), `rule` (blocklist,
+        blocklist_regex, pii:<kind>, opa), `action` — all bounded sets."""
+        self.rate_limit_decisions = Counter(
+            "inferflux_rate_limit_decisions_total",
+            "Rate-limit checks, by limit kind and outcome (allowed, rejected)",
+            labelnames=("kind", "outcome"),
+            registry=self.registry,
+        )
+        self.rate_limit_redis_failures = Counter(
+            "inferflux_rate_limit_redis_failures_total",
+            "Rate-limit calls to Redis that failed or timed out",
+            registry=self.registry,
+        )
+        self.rate_limit_fallbacks = Counter(
+            "inferflux_rate_limit_fallback_decisions_total",
+            "Admissions decided without Redis, by rate_limit.redis_failure_mode",
+            labelnames=("mode",),
+            registry=self.registry,
+        )
+        self.rate_limit_redis_up = Gauge(
+            "inferflux_rate_limit_redis_up",
+            "1 while the shared rate-limit store answers (0 during an outage; absent "
+            "without redis.url)",
+            registry=self.registry,
+        )
+        self.guardrail_verdict = Histogram(
+            "inferflux_guardrail_verdict_seconds",
+            "Time to a guardrail verdict: the whole input chain (OPA included) per prompt, "
+            "or one output scan per streamed delta",
+            labelnames=("stage",),
+            buckets=VERDICT_BUCKETS,
+            registry=self.registry,
+        )
+        self.guardrail_decisions = Counter(
+            "inferflux_guardrail_decisions_total",
+            "Guardrail findings and decisions, by stage, rule and action",
+            labelnames=("stage", "rule", "action"),
+            registry=self.registry,
+        )
+        for stage in ("input", "output"):
+            self.guardrail_verdict.labels(stage=stage)
 
     # -- the exporter's verbs -------------------------------------------------------------
     def observe_request(self, route: str, status: int, latency_s: float) -> None:

@@ -24,6 +24,7 @@ from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import FinishReason, RequestDelta
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import EngineError, InvalidRequest, ModelNotFound, QueueTimeout
+from inferflux.security.principal import ANONYMOUS, principal_var
 from tests.fakes.engine import FakeTokenizer
 
 
@@ -233,6 +234,14 @@ def test_human_number_like_ollama(count: int, text: str) -> None:
 
 def test_model_names() -> None:
     info = _info()
+    token = principal_var.set(ANONYMOUS)  # resolve_model checks the caller's model rights
+    try:
+        _check_model_names(info)
+    finally:
+        principal_var.reset(token)
+
+
+def _check_model_names(info) -> None:
     assert ollama_name(info) == "smol:latest" and ollama_name(_info("smol:q4")) == "smol:q4"
     assert resolve_model("smol", info) == "smol"
     assert resolve_model("smol:latest", info) == "smol:latest"

@@ -93,8 +93,11 @@ def test_env_aliases(name, value, attr, expected):
 
 def test_every_alias_names_a_schema_key():
     for dotted in ENV_ALIASES.values():
-        section, key = dotted.split(".")
-        assert key in type(getattr(Settings(), section)).model_fields
+        *sections, key = dotted.split(".")
+        node: object = Settings()
+        for section in sections:
+            node = getattr(node, section)
+        assert key in type(node).model_fields
 
 
 @pytest.mark.parametrize("order", ["alias_first", "nested_first"])
@@ -229,3 +232,29 @@ def test_env_key_under_scalar_section_is_a_config_error(write_yaml):
     message = _error(config_file=path, env={"INFERFLUX_SERVER__PORT": "1"})
     assert "server.port" in message
     assert "env INFERFLUX_SERVER__PORT" in message
+
+
+def test_security_sections_validate_and_never_quote_secrets():
+    from inferflux.errors import ConfigError
+
+    settings = load_settings(
+        env={"INFERFLUX_REDIS_URL": "redis://:pw@h:6379/0", "INFERFLUX_AUDIT_HMAC_KEY": "k" * 32}
+    )
+    assert settings.redis.url is not None and "pw" not in repr(settings.redis)
+    assert settings.rate_limit.redis_failure_mode == "local"
+    for env, key in (
+        ({"INFERFLUX_AUDIT_HMAC_KEY": "short-secret"}, "audit.hmac_key"),
+        ({"INFERFLUX_REDIS_URL": "http://secret-host"}, "redis.url"),
+        ({"INFERFLUX_GUARDRAILS__PII": "maybe"}, "guardrails.pii"),
+        (
+            {"INFERFLUX_RATE_LIMIT__REDIS_FAILURE_MODE": "sometimes"},
+            "rate_limit.redis_failure_mode",
+        ),
+    ):
+        with pytest.raises(ConfigError) as error:
+            load_settings(env=env)
+        assert key in error.value.message
+        assert "short-secret" not in error.value.message
+        assert "secret-host" not in error.value.message
+    with pytest.raises(ConfigError, match="blocklist_regex"):
+        load_settings(overrides={"guardrails.blocklist_regex": ["(a)\\1"]}, env={})

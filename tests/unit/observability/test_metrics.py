@@ -155,6 +155,9 @@ def test_labels_stay_bounded() -> None:
     metrics.observe_phases("high", 0.1, 0.2)
     allowed = {"model", "route", "status", "priority", "finish_reason", "worker", "le"}
     allowed |= {"backend", "mode"}  # the info gauge only
+    # security: kind (requests/tokens/concurrency), outcome, mode (failure mode), stage
+    # (input/output), rule (blocklist, blocklist_regex, pii:<kind>, opa), action
+    allowed |= {"kind", "outcome", "stage", "rule", "action"}
     for fam in families(metrics).values():
         for sample in fam.samples:
             assert set(sample.labels) <= allowed, (sample.name, sample.labels)

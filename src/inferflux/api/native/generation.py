@@ -49,6 +49,7 @@ _NATIVE_FINISH: dict[FinishReason, NativeFinishReason] = {
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.LENGTH: "length",
     FinishReason.ABORT: "abort",
+    FinishReason.CONTENT_FILTER: "content_filter",
 }
 
 

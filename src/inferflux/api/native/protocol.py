@@ -23,7 +23,7 @@ from inferflux.engine.messages import Priority, SamplingParams
 MAX_TOP_K = 2**31 - 1  # llama.cpp takes an int32
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
-NativeFinishReason = Literal["stop", "length", "stop_sequence", "abort"]
+NativeFinishReason = Literal["stop", "length", "stop_sequence", "abort", "content_filter"]
 StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 

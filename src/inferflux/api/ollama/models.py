@@ -29,6 +29,7 @@ from inferflux.api.deps import json_body
 from inferflux.api.model_cards import (
     find_view,
     human_number,
+    may_see,
     provisional_info,
     registered_metadata,
 )
@@ -46,6 +47,7 @@ from inferflux.engine.chat_template import fallback_template
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InvalidRequest, ModelNotFound
+from inferflux.security.rbac import authorize_model
 
 router = APIRouter(tags=["ollama"])
 ShowBody = Annotated[OllamaShowRequest, Depends(json_body(OllamaShowRequest))]
@@ -66,10 +68,12 @@ def ollama_name(info: ModelInfo) -> str:
 
 def resolve_model(requested: str | None, info: ModelInfo) -> str:
     """The name to answer with (the client's spelling). Raises InvalidRequest (400) when
-    it is missing and ModelNotFound (404, Ollama's message) when it is not this model."""
+    it is missing, ModelNotFound (404, Ollama's message) when it is not this model and
+    PermissionDenied (403) when it is outside the caller's `allowed_models`."""
     if not requested:
         raise InvalidRequest("model is required", param="model")
     if requested == ollama_name(info) or info.serves(requested.removesuffix(":latest")):
+        authorize_model(*info.access_names(), ollama_name(info))
         return requested
     raise ModelNotFound(f"model '{requested}' not found", param="model")
 
@@ -179,10 +183,11 @@ async def _described(view: ModelView) -> tuple[ModelInfo, GgufMetadata] | None:
 
 @router.get("/api/tags")
 async def list_models(models: ModelsDep) -> Response:
-    """Every registered model, in Ollama's `/api/tags` shape (loaded or not)."""
+    """Every registered model the caller may use (`allowed_models`), in Ollama's
+    `/api/tags` shape (loaded or not)."""
     entries = []
     for view in models.models():
-        described = await _described(view) if view.listed() else None
+        described = await _described(view) if view.listed() and may_see(view) else None
         if described is not None:
             entries.append(model_entry(*described))
     return json_response({"models": entries})
@@ -200,6 +205,7 @@ async def show_model(models: ModelsDep, body: ShowBody) -> Response:
     if view is None or described is None:
         raise ModelNotFound(f"model '{name}' not found", param="model")
     info, meta = described
+    authorize_model(*info.access_names(), ollama_name(info))
     serving = models.resident(view.model_id)
     if serving is not None:
         template = serving.chat_template.source
@@ -211,10 +217,12 @@ async def show_model(models: ModelsDep, body: ShowBody) -> Response:
 
 @router.get("/api/ps")
 async def running_models(models: ModelsDep) -> Response:
-    """The loaded models whose engine takes requests, with their keep_alive deadline."""
+    """The loaded models the caller may use whose engine takes requests, with their
+    keep_alive deadline."""
     entries = []
     for view in models.models():
-        serving = models.resident(view.model_id) if view.state == "loaded" else None
+        loaded = view.state == "loaded" and may_see(view)
+        serving = models.resident(view.model_id) if loaded else None
         if serving is None or not serving.engine.ready:
             continue
         info = serving.model_info

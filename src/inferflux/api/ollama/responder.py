@@ -84,8 +84,11 @@ class NdjsonResponse(EventStreamResponse):
 
 
 def done_reason(finish: FinishReason | None) -> str:
-    """Ollama's `done_reason`: `length` for a token limit or a full context, else `stop`."""
-    return "length" if finish is FinishReason.LENGTH else "stop"
+    """Ollama's `done_reason`: `length` for a token limit or a full context,
+    `content_filter` when a guardrail stopped the output, else `stop`."""
+    if finish is FinishReason.LENGTH:
+        return "length"
+    return "content_filter" if finish is FinishReason.CONTENT_FILTER else "stop"
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ from inferflux.errors import (
     ModelNotFound,
     QueueTimeout,
 )
+from inferflux.security.rbac import authorize_model
 
 T = TypeVar("T")
 _THREAD_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
@@ -46,8 +47,10 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 
 def check_model(requested: str | None, model_info: ModelInfo) -> str:
     """The model id to answer with (an alias answers with the id); raises ModelNotFound
-    for a name that is not this model's (the route's `serving_for` already resolved it)."""
+    for a name that is not this model's (the route's `serving_for` already resolved it)
+    and PermissionDenied for one outside the caller's `allowed_models`."""
     if model_info.serves(requested) or model_info.serves((requested or "").removesuffix(":latest")):
+        authorize_model(*model_info.access_names())
         return model_info.model_id
     raise ModelNotFound(
         f"the model '{requested}' does not exist on this server (GET /v1/models lists the models)",

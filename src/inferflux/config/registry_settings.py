@@ -1,0 +1,59 @@
+"""The `registry` settings section: the model manifest, the models folder, how many models
+stay resident, how long a swapped-out model drains, and the keys that sign manifest
+entries (docs/models.md). Part of `Settings` (settings.py)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RegistrySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    path: str | None = Field(
+        None,
+        description="YAML manifest of the models to serve (docs/models.md). Unset: the one "
+        "model of the `model` section.",
+    )
+    models_dir: str | None = Field(
+        None,
+        description="Folder that manifest and admin-API model paths resolve in; a path "
+        "escaping it is refused. Unset: the manifest's folder.",
+    )
+    poll_interval_ms: int = Field(
+        2000,
+        ge=0,
+        le=3_600_000,
+        description="How often the manifest file is checked for changes (an added entry "
+        "loads, a removed one unloads, a changed one is swapped). 0 = never.",
+    )
+    max_resident_models: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Models loaded at once; loading one more unloads the least recently "
+        "used idle model (never the default).",
+    )
+    drain_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="How long a swapped-out or unloaded model keeps serving its in-flight "
+        "requests before its workers are stopped anyway.",
+    )
+    public_keys: list[str] = Field(
+        default_factory=list,
+        description="Trusted ed25519 public keys (base64 of the 32 raw bytes). A manifest "
+        "entry's `signature` must verify with one of them.",
+    )
+    require_signatures: bool = Field(
+        False, description="Refuse manifest and admin-API models that carry no signature."
+    )
+
+    @field_validator("public_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        """An env var gives one string: keys separated by commas."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

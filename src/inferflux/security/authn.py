@@ -1,0 +1,265 @@
+"""Authentication: who is calling, decided once per request, deny by default.
+
+Owns: `Authenticator` (credentials → `Principal` under the current policy: API keys, then
+OIDC bearer JWTs) and `AuthenticationMiddleware` (pure ASGI). Does not own: scope checks
+per route (`rbac.py`), key digests (`api_keys.py`), JWT verification (`oidc.py`).
+
+Authentication is on when the config names a key or an OIDC issuer, or the policy holds
+any key record (revoked ones included, so revoking the last key never reopens the
+server). Off: every request runs as `ANONYMOUS` (every scope; `inferflux serve` warns).
+On: the public paths (health probes; `/metrics` when `observability.metrics.public`) run
+as `UNAUTHENTICATED`, which holds no scope; everything else, known route or not, needs
+valid credentials or gets 401 before routing. Credentials in the query string are
+refused (401), never read. The middleware sets the principal on the scope state and in
+`principal_var` (and the tenant in the logging `tenant_var`) for the inner app, and resets
+both after.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+import anyio
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as AsgiScope
+
+from inferflux.config.auth_settings import NAME_PATTERN, OidcSettings
+from inferflux.errors import InferfluxError, InvalidToken, PermissionDenied, Unauthorized
+from inferflux.observability.logging import tenant_var
+from inferflux.security.api_keys import (
+    CREDENTIAL_QUERY_PARAMS,
+    ApiKeyIndex,
+    Credentials,
+    KeyDigester,
+    bearer_credentials,
+)
+from inferflux.security.oidc import OidcVerifier, TokenRejected
+from inferflux.security.policy import ApiKeyRecord, Policy, PolicySource
+from inferflux.security.principal import ANONYMOUS, Principal, Scope, principal_var, set_principal
+from inferflux.security.rbac import UNAUTHENTICATED
+
+logger = logging.getLogger(__name__)
+
+HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+ErrorRenderer = Callable[[InferfluxError, str], ASGIApp]
+_PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+_DRAIN_MAX_BYTES = 4 * 1024 * 1024
+_DRAIN_MAX_S = 2.0
+_NAME = re.compile(NAME_PATTERN)
+_SCOPE_NAMES = frozenset(s.value for s in Scope)
+
+
+class Authenticator:
+    """Turns credentials into a principal under `policy.current()`. Async-safe."""
+
+    def __init__(
+        self,
+        policy: PolicySource,
+        digester: KeyDigester,
+        *,
+        roles: Mapping[str, frozenset[Scope]],
+        oidc: OidcVerifier | None = None,
+        configured: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.digester = digester
+        self._roles = roles
+        self._oidc = oidc
+        self._configured = configured or oidc is not None
+        self._clock = clock
+        self._index: tuple[Policy, ApiKeyIndex] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True once the config or the policy holds any key, or OIDC is configured."""
+        return self._configured or bool(self.policy.current().keys)
+
+    async def authenticate(self, credentials: Credentials) -> Principal:
+        """The caller's principal. Raises Unauthorized (InvalidToken for a bad JWT); the
+        message never quotes the credential."""
+        if credentials.conflict:
+            raise Unauthorized("send one credential: Authorization: Bearer or x-api-key")
+        token = credentials.bearer if credentials.bearer is not None else credentials.api_key
+        if not token:
+            raise Unauthorized(
+                "authentication required: send Authorization: Bearer <key> or x-api-key"
+            )
+        policy = self.policy.current()
+        record = self._key_index(policy).lookup(token, self._clock())
+        if record is not None:
+            return key_principal(record, policy)
+        if self._oidc is not None and credentials.bearer is not None and token.count(".") == 2:
+            return await self._token_principal(token, policy)
+        raise Unauthorized("invalid, expired or revoked API key")
+
+    def _key_index(self, policy: Policy) -> ApiKeyIndex:
+        cached = self._index
+        if cached is None or cached[0] is not policy:
+            cached = (policy, ApiKeyIndex(policy.keys, self.digester))
+            self._index = cached
+        return cached[1]
+
+    async def _token_principal(self, token: str, policy: Policy) -> Principal:
+        assert self._oidc is not None
+        try:
+            claims = await self._oidc.verify(token)
+            return claims_principal(claims, self._oidc.settings, self._roles, policy)
+        except TokenRejected as exc:
+            logger.info("bearer token refused: %s", exc.reason)
+            raise InvalidToken(f"the bearer token is not valid ({exc.reason})") from None
+
+
+def key_principal(record: ApiKeyRecord, policy: Policy) -> Principal:
+    """An API key's principal: its own rights narrowed by its tenant's."""
+    tenant = policy.tenant(record.tenant)
+    return Principal(
+        subject=record.key_id,
+        kind="api_key",
+        tenant=record.tenant,
+        scopes=record.scopes,
+        rate_limit_tier=record.rate_limit_tier,
+        priority_cap=_lower_cap(record.priority_cap, tenant.priority_cap),
+        allowed_models=_narrowed(record.allowed_models, tenant.allowed_models),
+    )
+
+
+def claims_principal(
+    claims: Mapping[str, Any],  # Any: JSON claim values
+    settings: OidcSettings,
+    roles: Mapping[str, frozenset[Scope]],
+    policy: Policy,
+) -> Principal:
+    """An OIDC principal: `sub`, scopes from the scope and roles claims, the tenant claim
+    (or `default_tenant`), and the tenant's rights. Raises TokenRejected."""
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not 0 < len(subject) <= 256:
+        raise TokenRejected("bad subject")
+    tenant_name = claims.get(settings.tenant_claim, settings.default_tenant)
+    if not isinstance(tenant_name, str) or not _valid_name(tenant_name):
+        raise TokenRejected("missing or invalid tenant claim")
+    names = _claim_values(claims.get(settings.scope_claim))
+    scopes = {Scope(n) for n in names if n in _SCOPE_NAMES}
+    for role in _claim_values(claims.get(settings.roles_claim)):
+        scopes |= roles.get(role, frozenset())
+    tenant = policy.tenant(tenant_name)
+    return Principal(
+        subject=subject,
+        kind="oidc",
+        tenant=tenant_name,
+        scopes=frozenset(scopes),
+        priority_cap=tenant.priority_cap,
+        allowed_models=tenant.allowed_models,
+    )
+
+
+def _claim_values(value: object) -> list[str]:
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _valid_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+def _lower_cap(a: Any, b: Any) -> Any:  # Any: the priority literal (or None)
+    caps = [c for c in (a, b) if c is not None]
+    return min(caps, key=_PRIORITY_RANK.__getitem__) if caps else None
+
+
+def _narrowed(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b
+
+
+class AuthenticationMiddleware:
+    """Pure ASGI: deny by default; sets the principal for the rest of the request.
+
+    `path_scopes` holds scope needs of routes that cannot declare them as a dependency
+    (FastAPI's own /openapi.json and /docs pages); `render_error` turns a 401/403 into a
+    response in the shape the path expects (OpenAI, or Ollama's under /api/).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        authenticator: Authenticator,
+        public_paths: frozenset[str],
+        path_scopes: Mapping[str, Scope],
+        render_error: ErrorRenderer,
+    ) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.public_paths = public_paths
+        self.path_scopes = path_scopes
+        self.render_error = render_error
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal = await self._principal(scope)
+        except (Unauthorized, PermissionDenied) as exc:
+            await _drain(receive)
+            await self.render_error(exc, scope.get("path", ""))(scope, receive, send)
+            return
+        set_principal(scope, principal)
+        principal_token = principal_var.set(principal)
+        tenant_token = tenant_var.set(principal.tenant)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            tenant_var.reset(tenant_token)
+            principal_var.reset(principal_token)
+
+    async def _principal(self, scope: AsgiScope) -> Principal:
+        if not self.authenticator.enabled:
+            # Auth off: anonymous, unless a layer outside set a principal (tests that act
+            # as distinct keys and tenants; nothing in the server does).
+            preset = scope.get("state", {}).get("principal")
+            return preset if isinstance(preset, Principal) else ANONYMOUS
+        path = scope.get("path", "")
+        if path in self.public_paths:
+            return UNAUTHENTICATED
+        if _credential_in_query(scope.get("query_string", b"")):
+            raise Unauthorized(
+                "credentials in the URL are refused (URLs end up in logs and browser "
+                "history): send Authorization: Bearer <key> or x-api-key"
+            )
+        principal = await self.authenticator.authenticate(bearer_credentials(scope["headers"]))
+        needed = self.path_scopes.get(path)
+        if needed is not None and not principal.has_scope(needed):
+            raise PermissionDenied(f"'{principal.subject}' lacks the '{needed}' scope")
+        return principal
+
+
+def _credential_in_query(query: bytes) -> bool:
+    if not query:
+        return False
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    return any(name.lower() in CREDENTIAL_QUERY_PARAMS for name, _ in pairs)
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the request body (bounded) before refusing, so a client still
+    sending it gets the 401 instead of a reset connection."""
+    num_drained = 0
+    with anyio.move_on_after(_DRAIN_MAX_S):
+        while num_drained < _DRAIN_MAX_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            num_drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
