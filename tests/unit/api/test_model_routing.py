@@ -11,6 +11,9 @@ import pytest
 
 from inferflux.api import create_app
 from inferflux.config.settings import Settings
+from inferflux.engine.model_registry import RegistryPlan
+from inferflux.engine.model_spec import ModelSpec
+from inferflux.engine.model_verify import SignatureVerifier
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 from tests.openai_envelope import assert_envelope
 
@@ -57,3 +60,56 @@ async def test_moe_models_are_described_and_counted(moe_client) -> None:
         await moe_client.post("/v1/chat/completions", json={**CHAT, "model": "fake-alias"})
     metrics = (await moe_client.get("/metrics")).text
     assert 'inferflux_moe_requests_total{model="fake-model"} 2.0' in metrics
+
+
+async def test_allowed_models_are_checked_before_anything_loads(tmp_path) -> None:
+    """A key allowed only the default model gets 403 for another registered model, and the
+    server never tries to load it (its file does not even exist: a load would be a 404)."""
+    key = "sk-test-only-fake-0123456789"
+    settings = Settings.model_validate(
+        {
+            "auth": {
+                "api_keys": [
+                    {"key": key, "roles": ["user"], "allowed_models": ["fake-model"]},
+                    {"key": "sk-test-admin-0123456789", "roles": ["admin"]},
+                ]
+            },
+            "registry": {"max_resident_models": 1},  # no preload: only a request could load
+        }
+    )
+    info = fake_model_info()
+    default = ModelSpec(info.model_id, tmp_path / "fake.gguf", None, is_default=True)
+    other = ModelSpec("other", tmp_path / "missing.gguf", "ab" * 32, source="manifest")
+    plan = RegistryPlan(
+        default=default,
+        models_dir=tmp_path,
+        verifier=SignatureVerifier((), require=False),
+        others=(other,),
+    )
+    app = create_app(
+        settings, engine=FakeEngineClient(), tokenizer=FakeTokenizer(), model_info=info,
+        registry=plan,
+    )  # fmt: skip
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        headers = {"authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=headers
+        ) as client:
+            response = await client.post("/v1/chat/completions", json={**CHAT, "model": "other"})
+            assert_envelope(response, 403, param="model", code="insufficient_scope")
+            assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            ids = [c["id"] for c in (await client.get("/v1/models")).json()["data"]]
+            assert ids == ["fake-model"]
+            tags = (await client.get("/api/tags")).json()["models"]
+            assert [t["name"] for t in tags] == []  # the fake file has no GGUF header
+            shown = await client.post("/api/show", json={"model": "other"})
+            assert shown.status_code in (403, 404)
+        admin = {"authorization": "Bearer sk-test-admin-0123456789"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=admin
+        ) as client:
+            states = {
+                m["id"]: m["state"] for m in (await client.get("/v1/admin/models")).json()["data"]
+            }
+            assert states == {"fake-model": "loaded", "other": "registered"}  # never loaded

@@ -46,7 +46,7 @@ from inferflux.api.ollama.responder import json_response, rfc3339_nano
 from inferflux.engine.chat_template import fallback_template
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
-from inferflux.errors import InvalidRequest, ModelNotFound
+from inferflux.errors import InvalidRequest, ModelLoadError, ModelNotFound
 from inferflux.security.rbac import authorize_model
 
 router = APIRouter(tags=["ollama"])
@@ -176,7 +176,10 @@ def show_body(info: ModelInfo, template: str, meta: GgufMetadata) -> dict[str, o
 async def _described(view: ModelView) -> tuple[ModelInfo, GgufMetadata] | None:
     """A model's facts: the loaded model's, else its file header's (None: unreadable)."""
     if view.info is not None:
-        return view.info, await gguf_metadata(view.info)
+        try:
+            return view.info, await gguf_metadata(view.info)
+        except ModelLoadError:  # the file went away under a loaded model: not listable
+            return None
     meta = await registered_metadata(view.path)
     return None if meta is None else (provisional_info(view, meta), meta)
 
