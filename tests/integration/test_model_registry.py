@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from inferflux.cli.inferctl import app as inferctl_app
 from tests.integration.model_registry_setup import (
     admin_models,
     entry,
@@ -168,3 +170,23 @@ def test_a_manifest_that_does_not_verify_refuses_to_start(
     result = _serve_exits(config)
     assert result.returncode == 1, result.stderr[-2000:]
     assert expected in result.stderr
+
+
+def test_inferctl_admin_models(registry: Registry) -> None:
+    runner = CliRunner()
+    url = registry.server.url
+    listed = runner.invoke(inferctl_app, ["admin", "models", "--url", url])
+    assert listed.exit_code == 0, listed.output
+    assert "smollm2 (default): loaded" in listed.output and "gemma: loaded" in listed.output
+    path = str(registry.folder / "models" / "smollm2.gguf")  # the same file here and there
+    args = ["admin", "models", "--url", url, "--load", path, "--id", "smol-cli", "--alias", "sc"]
+    loaded = runner.invoke(inferctl_app, args)
+    assert loaded.exit_code == 0, loaded.output
+    assert "load smol-cli: done in" in loaded.output and "smol-cli: loaded" in loaded.output
+    assert chat(url, "sc").json()["model"] == "smol-cli"
+    unloaded = runner.invoke(inferctl_app, ["admin", "models", "--url", url, "--unload", "sc"])
+    assert unloaded.exit_code == 0 and "unload smol-cli: done" in unloaded.output
+    refused = runner.invoke(inferctl_app, ["admin", "models", "--url", url, "--unload", "smollm2"])
+    assert refused.exit_code == 1 and "409" in refused.output and "default" in refused.output
+    usage = runner.invoke(inferctl_app, ["admin", "models", "--url", url, "--load", "/nope.gguf"])
+    assert usage.exit_code == 2 and "--id" in usage.output

@@ -1,4 +1,5 @@
-"""The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`.
+"""The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`, and
+`admin models` (admin.py).
 
 Each command resolves the target (`--url`, `--host/--port`, INFERCTL_HOST), makes one
 request and prints the answer, or the raw JSON with `--json`. `chat --interactive` hands
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from inferflux.cli.inferctl import chat_repl, pull
+from inferflux.cli.inferctl.admin import admin_app
 from inferflux.cli.inferctl.client import (
     EXIT_API_ERROR,
     HostOption,
@@ -30,6 +32,7 @@ from inferflux.cli.inferctl.client import (
 app = typer.Typer(help="Talk to an InferFlux server.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="The served models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+app.add_typer(admin_app, name="admin")
 
 ModelOption = Annotated[
     str | None, typer.Option(help="Model id (default: the server's).", show_default=False)
