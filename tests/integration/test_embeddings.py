@@ -211,7 +211,9 @@ async def test_engine_client_interleaves_embeddings_with_running_generations(
 ) -> None:
     """EngineClient.embed while generations run: everything completes, and the embeddings
     finish before the generations (they do not wait for the batch to drain)."""
-    engine: EngineClient = inprocess_app.state.serving.engine
+    # Under the security wrapper (GuardedEngine needs a request's principal): the engine
+    # client as the observed routes see it.
+    engine: EngineClient = inprocess_app.state.serving.engine.engine
     prompt = tokenizer.tokenize("Once upon a time", add_special=True, parse_special=True)
     sampling = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     finished_at: list[float] = []
