@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 SMOLLM2_VERSION := 0.1.2
 GEMMA3_VERSION  := 1.0.0
 
-.PHONY: setup run test check format bench clean
+.PHONY: setup run test check format bench compare clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ test: check
 
 bench: setup
 	$(BIN)/python bench/run_all.py
+
+# InferFlux vs llama-server vs llama-cpp-python's server (bench/compare/); part of `make bench`.
+# The first run builds llama-server into .cache/compare/ (minutes). ARGS: see bench/README.md.
+compare: setup
+	$(BIN)/python bench/compare_servers.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

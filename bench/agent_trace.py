@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from launch import start_server
+from serve_load import LoadConfig, RequestResult, resolve_model, stream_one
 from workload import make_prompts, summarize
 
 CORPUS = Path(__file__).resolve().parent / "data" / "agent_traces.jsonl"
@@ -66,72 +67,68 @@ def make_corpus(n_conversations: int, n_turns: int, seed: int) -> list[dict[str,
     return conversations
 
 
-async def one_turn(
-    client: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int
-) -> dict[str, Any]:
-    body = {
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started = time.perf_counter()
-    ttft = None
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            for choice in event.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    ttft = ttft if ttft is not None else time.perf_counter() - started
-                    text.append(piece)
-            if event.get("usage"):
-                usage = event["usage"]
-    details = usage.get("prompt_tokens_details") or {}
-    return {
-        "ttft_s": ttft if ttft is not None else time.perf_counter() - started,
-        "text": "".join(text),
-        "prompt_tokens": usage.get("prompt_tokens", 0),
-        "cached_tokens": details.get("cached_tokens", 0),
-    }
+def turn_config(url: str, model: str, max_tokens: int, ignore_eos: bool = False) -> LoadConfig:
+    """serve_load's request settings for one agent turn (greedy, streaming, usage)."""
+    return LoadConfig(
+        url=url,
+        model=model,
+        endpoint="chat",
+        max_tokens=max_tokens,
+        requests_per_client=1,
+        seed=0,
+        min_words=1,
+        max_words=1,
+        ignore_eos=ignore_eos,
+    )
 
 
 async def replay_conversation(
-    client: httpx.AsyncClient, conversation: dict[str, Any], max_tokens: int
-) -> list[dict[str, Any]]:
-    messages = [{"role": "system", "content": conversation["system"]}]
+    client: httpx.AsyncClient, config: LoadConfig, conversation: dict[str, Any]
+) -> list[RequestResult]:
+    """Each turn in order, its answer appended to the history; one result per turn.
+    A conversation whose "system" is None starts without a system message."""
+    system = conversation["system"]
+    messages = [] if system is None else [{"role": "system", "content": system}]
     results = []
-    for index, turn in enumerate(conversation["turns"]):
+    for turn in conversation["turns"]:
         messages.append(turn)
-        result = await one_turn(client, messages, max_tokens)
-        result["turn"] = index + 1
-        messages.append({"role": "assistant", "content": result.pop("text")})
+        result = await stream_one(client, config, list(messages))
+        messages.append({"role": "assistant", "content": result.text})
         results.append(result)
     return results
 
 
+async def replay_turns(
+    client: httpx.AsyncClient, config: LoadConfig, corpus: list[dict[str, Any]]
+) -> tuple[list[list[RequestResult]], float]:
+    """All conversations concurrently: (per conversation, its turns' results), wall s."""
+    started = time.perf_counter()
+    per_conv = await asyncio.gather(*(replay_conversation(client, config, c) for c in corpus))
+    return list(per_conv), time.perf_counter() - started
+
+
+def ttft_summaries(per_conv: list[list[RequestResult]]) -> dict[str, Any]:
+    """TTFT over all turns and over turns >= 3 (where earlier turns can be reused)."""
+    turns = [(n + 1, r.ttft_s) for conv in per_conv for n, r in enumerate(conv) if r.ttft_s]
+    return {
+        "ttft_all": summarize([t for _, t in turns]).as_dict(),
+        "ttft_turn3plus": summarize([t for n, t in turns if n >= 3]).as_dict(),
+    }
+
+
 async def replay(url: str, corpus: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        config = turn_config(url, await resolve_model(client), max_tokens)
         before = (await client.get("/server/stats")).json()
-        started = time.perf_counter()
-        per_conv = await asyncio.gather(
-            *(replay_conversation(client, c, max_tokens) for c in corpus)
-        )
-        wall = time.perf_counter() - started
+        per_conv, wall = await replay_turns(client, config, corpus)
         after = (await client.get("/server/stats")).json()
     turns = [t for conv in per_conv for t in conv]
     return {
         "wall_s": round(wall, 2),
-        "ttft_all": summarize([t["ttft_s"] for t in turns]).as_dict(),
-        "ttft_turn3plus": summarize([t["ttft_s"] for t in turns if t["turn"] >= 3]).as_dict(),
-        "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
-        "cached_tokens": sum(t["cached_tokens"] for t in turns),
+        **ttft_summaries(per_conv),
+        "errors": [t.error for t in turns if not t.ok],
+        "prompt_tokens": sum(t.prompt_tokens or 0 for t in turns),
+        "cached_tokens": sum(t.cached_tokens or 0 for t in turns),
         "prompt_tokens_computed": _worker_sum(after, before, "num_prompt_tokens_total"),
         "prefix": _prefix(after),
     }

@@ -61,11 +61,11 @@ def tokenize_prompts(
 
 
 def load_engine(
-    model: str | None, config_file: str | None
+    model: str | None, config_file: str | None, overrides: dict[str, Any] | None = None
 ) -> tuple[ModelInfo, LlamaTokenizer, EngineCore]:
     """The served model, its tokenizer, and an EngineCore built exactly as one
-    `inferflux serve` worker with the same settings."""
-    settings = load_settings(config_file, overrides={"model.path": model})
+    `inferflux serve` worker with the same settings (plus dotted-key `overrides`)."""
+    settings = load_settings(config_file, overrides={"model.path": model, **(overrides or {})})
     info, tokenizer = load_served_model(settings)
     return info, tokenizer, build_engine_core(worker_config(settings, info))
 

@@ -1,8 +1,9 @@
 """`make bench`: every server benchmark, one after another, results under bench/results/.
 
-Runs server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache
-on vs off), priority_load.py (mixed priority and overload) and constrained.py (JSON-schema
-constrained vs free decoding, both test models). Each starts its own server. Run on a
+Runs compare_servers.py (InferFlux vs llama-server vs llama-cpp-python, both test models),
+server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache on vs
+off), priority_load.py (mixed priority and overload) and constrained.py (JSON-schema
+constrained vs free decoding, both test models). Each starts its own servers. Run on a
 quiet machine; append the figures to BENCHMARKS.md by hand with the machine description.
 """
 
@@ -16,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 RUNS = [
+    ["compare_servers.py"],
     ["server_vs_engine.py", "--json", str(RESULTS / "server_vs_engine_smollm2.json")],
     ["agent_trace.py", "--json", str(RESULTS / "agent_trace_smollm2.json")],
     ["priority_load.py", "--json", str(RESULTS / "priority_load_smollm2.json")],

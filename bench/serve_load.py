@@ -61,6 +61,9 @@ class RequestResult:
     output_tokens: int = 0
     usage_reported: bool = False
     finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    text: str = ""  # the streamed content; left out of level reports
 
     @property
     def tok_s(self) -> float | None:
@@ -79,23 +82,32 @@ class LoadConfig:
     max_words: int
     api_key: str | None = None
     timeout_s: float = 600.0
+    ignore_eos: bool = True  # False for servers that reject or lack the field
+    extra_body: dict[str, Any] = field(default_factory=dict)  # Any: JSON; merged last
 
 
-def build_body(config: LoadConfig, prompt: str) -> dict[str, Any]:  # Any: JSON body
-    """The request body: streaming, greedy, exactly max_tokens tokens, usage at the end."""
+Prompt = str | list[dict[str, str]]  # a user message's text, or a whole chat history
+
+
+def build_body(config: LoadConfig, prompt: Prompt) -> dict[str, Any]:  # Any: JSON body
+    """The request body: streaming, greedy, exactly max_tokens tokens (with `ignore_eos`),
+    usage at the end. A list `prompt` is sent as the chat's messages."""
     body: dict[str, Any] = {
         "model": config.model,
         "max_tokens": config.max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "ignore_eos": True,
     }
+    if config.ignore_eos:
+        body["ignore_eos"] = True
     if config.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = (
+            prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        )
     else:
         body["prompt"] = prompt
-    return body
+    return body | config.extra_body
 
 
 def _path(endpoint: str) -> str:
@@ -124,10 +136,11 @@ def _apply_event(
     text, finish = _chunk_text(chunk)
     result.finish_reason = finish or result.finish_reason
     usage = chunk.get("usage")
-    if usage and usage.get("completion_tokens") is not None:
-        result.output_tokens, result.usage_reported = int(usage["completion_tokens"]), True
+    if usage:
+        _apply_usage(result, usage)
     if not text:
         return last_at
+    result.text += text
     now = time.perf_counter()
     if last_at is None:
         result.ttft_s = now - sent_at
@@ -138,7 +151,17 @@ def _apply_event(
     return now
 
 
-async def stream_one(client: httpx.AsyncClient, config: LoadConfig, prompt: str) -> RequestResult:
+def _apply_usage(result: RequestResult, usage: dict[str, Any]) -> None:
+    if usage.get("completion_tokens") is not None:
+        result.output_tokens, result.usage_reported = int(usage["completion_tokens"]), True
+    result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+    details = usage.get("prompt_tokens_details") or {}
+    result.cached_tokens = details.get("cached_tokens", result.cached_tokens)
+
+
+async def stream_one(
+    client: httpx.AsyncClient, config: LoadConfig, prompt: Prompt
+) -> RequestResult:
     """Send one streaming request and time its chunks. Never raises for server faults."""
     result = RequestResult()
     sent_at = time.perf_counter()
@@ -214,7 +237,7 @@ def level_report(
         "itl_s": summarize([x for r in ok for x in r.itl_s]).as_dict(),
         "e2e_s": summarize([r.e2e_s for r in ok]).as_dict(),
         "errors": [r.error for r in results if not r.ok][:_MAX_ERRORS_KEPT],
-        "requests": [asdict(r) for r in results],
+        "requests": [{k: v for k, v in asdict(r).items() if k != "text"} for r in results],
     }
 
 

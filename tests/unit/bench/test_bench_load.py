@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -178,3 +179,28 @@ def test_table_and_level_parsing():
     table = serve_load.format_table([report])
     assert "out tok/s" in table.splitlines()[0]
     assert "10.0" in table.splitlines()[1]  # TTFT p50 in ms
+
+
+async def test_servers_without_ignore_eos_get_extra_fields_instead():
+    app = _fake_app()
+    config = dataclasses.replace(
+        _config(), ignore_eos=False, extra_body={"logit_bias": {"2": -100}}
+    )
+    async with _client(app) as client:
+        result = await serve_load.stream_one(client, config, "hi")
+    body = app.state.seen[0]
+    assert "ignore_eos" not in body
+    assert body["logit_bias"] == {"2": -100}
+    assert result.ok and result.output_tokens == 6
+
+
+async def test_a_history_prompt_is_sent_as_messages_and_the_answer_kept():
+    app = _fake_app()
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    async with _client(app) as client:
+        result = await serve_load.stream_one(client, _config(max_tokens=3), history)
+    assert app.state.seen[0]["messages"] == history
+    assert result.text == "t0 t1 t2 "
+    assert result.prompt_tokens == 5
+    report = serve_load.level_report(1, [result], 1.0, _config(max_tokens=3))
+    assert "text" not in report["requests"][0]

@@ -74,6 +74,13 @@ class Sampler:
     temperature 0 ends the chain with greedy. `ignore_eos` biases every end-of-generation
     token to -inf, as llama-server does, except under a constraint: a complete grammar
     must be able to end.
+
+    Plain greedy (temperature 0, no penalties, no constraint, no logit_bias but
+    ignore_eos's) skips the chain: a numpy argmax over the row. The chain copies the whole
+    row into a candidate array first, ≈2 ms per row for Gemma's 262k vocabulary against
+    ≈0.1 ms for the argmax (bench/compare: 30–40% of a 16-sequence step). The argmax picks
+    the first maximum, as llama.cpp's greedy sampler does; when it lands on a token the
+    chain would bias away (an end-of-generation token under ignore_eos), the chain decides.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class Sampler:
     ) -> None:
         self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         self.matcher = matcher
+        self.n_vocab = n_vocab
         penalties = bool(
             spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty
         )
@@ -93,6 +101,11 @@ class Sampler:
         bias = dict(spec.logit_bias)
         if spec.ignore_eos and matcher is None:
             bias.update(dict.fromkeys(eog_token_ids, -math.inf))
+        plain = spec.temperature <= 0.0 and not penalties and matcher is None
+        # argmax tokens the chain must judge (biased ones); None: always use the chain
+        self.argmax_defers_to: frozenset[int] | None = (
+            frozenset(bias) if plain and not spec.logit_bias else None
+        )
         if bias:
             arr = (ll.llama_logit_bias * len(bias))(
                 *(ll.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
@@ -135,6 +148,11 @@ class Sampler:
         """A token from logits row `row`, allowed by the constraint if there is one (module
         docstring). May overwrite the row's logits with -inf where the constraint forbids
         (`masker`). Raises EngineError when the constraint admits nothing."""
+        if self.argmax_defers_to is not None:
+            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, row), (self.n_vocab,))
+            token = int(logits.argmax())
+            if token not in self.argmax_defers_to:
+                return token
         if self.matcher is None:
             return int(ll.llama_sampler_sample(self.chain, ctx, row))
         if self.verify_first:
