@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--agent-max-tokens", type=int, default=48, help="tokens per agent answer")
     p.add_argument("--agent-turns", type=int, default=None, help="replay only the first N turns")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads of every server")
     p.add_argument("--port", type=int, default=18110)
     p.add_argument("--json", type=Path, default=RESULTS / "compare.json")
     p.add_argument("--markdown", type=Path, default=RESULTS / "compare.md")
@@ -93,7 +94,7 @@ def _log(row: dict[str, Any]) -> None:
 
 
 def _serve(name: str, tools: Toolchain, model: Model, parallel: int, args: Any, tag: str) -> Any:
-    server = make_server(name, tools, model, args.port, parallel)
+    server = make_server(name, tools, model, args.port, parallel, args.threads)
     return server, running(server, args.port, LOGS / f"{model.key}-{name}-{tag}.log")
 
 
@@ -132,7 +133,12 @@ def _agent_rows(
 
 def run_model(model: Model, tools: Toolchain, args: Any) -> list[dict[str, Any]]:  # Any: argparse
     plan = workloads.Plan(
-        args.requests, args.min_requests, args.max_tokens, args.agent_max_tokens, args.agent_turns
+        args.requests,
+        args.min_requests,
+        args.max_tokens,
+        args.agent_max_tokens,
+        args.agent_turns,
+        threads=args.threads,
     )
     rows = [row for level in args.levels for row in _level_rows(model, tools, args, plan, level)]
     if not args.no_agent:

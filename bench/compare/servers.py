@@ -76,13 +76,17 @@ class Toolchain:
     llama_cpp_python: str | None
 
 
-def make_server(name: str, tools: Toolchain, model: Model, port: int, parallel: int) -> Server:
+def make_server(
+    name: str, tools: Toolchain, model: Model, port: int, parallel: int, threads: int = THREADS
+) -> Server:
     """The Server `name` for `model` on 127.0.0.1:`port` with `parallel` sequences."""
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if name == "inferflux":
         env = {
             "INFERFLUX_SCHEDULER__MAX_NUM_SEQS": str(parallel),
             "INFERFLUX_MODEL__CTX_SIZE": str(CTX_PER_SEQ),
+            "INFERFLUX_SCHEDULER__QUEUE_TIMEOUT_S": "0",  # the others never shed load
+            "INFERFLUX_RUNTIME__N_THREADS": str(threads),
         }
         return Server(name, [INFERFLUX, "serve", *address, "--model", model.path], "/readyz", env)
     if name == "llama-server" and tools.llama_server:
@@ -90,12 +94,12 @@ def make_server(name: str, tools: Toolchain, model: Model, port: int, parallel: 
             ["--chat-template-file", str(_template_file(model))] if model.template_text else []
         )
         argv = [tools.llama_server, "-m", model.path, *address, "-np", str(parallel)]
-        argv += ["-c", str(parallel * CTX_PER_SEQ), "-t", str(THREADS), "-tb", str(THREADS)]
+        argv += ["-c", str(parallel * CTX_PER_SEQ), "-t", str(threads), "-tb", str(threads)]
         return Server(name, [*argv, *template, "--no-webui"], "/health")
     if name == "llama-cpp-python" and tools.llama_cpp_python:
         argv = [tools.llama_cpp_python, "-m", "llama_cpp.server", "--model", model.path]
-        argv += [*address, "--n_ctx", str(CTX_PER_SEQ), "--n_threads", str(THREADS)]
-        argv += ["--n_threads_batch", str(THREADS), "--interrupt_requests", "False"]
+        argv += [*address, "--n_ctx", str(CTX_PER_SEQ), "--n_threads", str(threads)]
+        argv += ["--n_threads_batch", str(threads), "--interrupt_requests", "False"]
         argv += ["--logits_all", "False", "--flash_attn", "True", "--verbose", "False"]
         if model.builtin_template:
             argv += ["--chat_format", model.builtin_template]

@@ -37,6 +37,7 @@ class Plan:
     agent_max_tokens: int = 48
     agent_turns: int | None = None  # first turns of each conversation only (smoke runs)
     seed: int = 0
+    threads: int = 2  # llama.cpp threads of every server (and of the engine)
 
     def per_client(self, concurrency: int) -> int:
         return max(self.requests_per_client, math.ceil(self.min_requests / concurrency))
@@ -138,7 +139,11 @@ async def agent(
 
 def engine(model_path: str, plan: Plan, concurrency: int) -> dict[str, Any]:
     """The chat workload at `concurrency` in an in-process EngineCore: the ceiling row."""
-    overrides = {"scheduler.max_num_seqs": concurrency, "model.ctx_size": CTX_PER_SEQ}
+    overrides = {
+        "scheduler.max_num_seqs": concurrency,
+        "model.ctx_size": CTX_PER_SEQ,
+        "runtime.n_threads": plan.threads,
+    }
     info, tokenizer, core = engine_limit.load_engine(model_path, None, overrides)
     try:
         warm = make_prompts(2, plan.seed + 1, 8, 16)

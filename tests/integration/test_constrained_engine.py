@@ -20,7 +20,7 @@ from inferflux.engine.backends.llama_cpp import LlamaTokenizer
 from inferflux.engine.core import sampler_spec
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
-from tests.integration.test_scheduling_engine import drain, make_core
+from tests.integration.test_scheduling_engine import drain, make_core, tokens
 
 pytestmark = pytest.mark.model
 
@@ -152,6 +152,7 @@ def test_constrained_and_free_sequences_share_each_step(model: Model) -> None:
 
 
 def test_an_unchecked_invalid_constraint_is_refused_without_queuing(model: Model) -> None:
+    assert model.core.backend.constraints_ready(wait_s=60)  # else the request waits aside
     for rid, constraint in [("bad", "start: ("), ("empty", "")]:
         params = SamplingParams(max_tokens=4, constraint=constraint)
         (delta,) = model.core.add_request(
@@ -159,3 +160,28 @@ def test_an_unchecked_invalid_constraint_is_refused_without_queuing(model: Model
         )
         assert delta.finish_reason is FinishReason.ERROR and "constraint" in (delta.error or "")
     assert not model.core.has_work()
+
+
+def test_the_first_constraint_waits_aside_without_stalling_free_sequences(
+    smollm2_model_path: str,
+) -> None:
+    """A fresh worker indexes the vocabulary for grammars only at its first constraint
+    (memory); meanwhile that request waits and the others keep decoding."""
+    model = Model(smollm2_model_path, gemma=False)
+    try:
+        model.submit("free", "Count from one to twenty.", max_tokens=24, ignore_eos=True)
+        first = model.core.step()  # the free request is prefilled and running
+        grammar = model.compiler.json_schema(PERSON, param="schema")
+        model.submit("json", "A person as JSON.", constraint=grammar)
+        model.submit("gone", "Another person as JSON.", constraint=grammar)
+        assert model.core.stats().num_waiting == 2
+        assert set(model.core.request_ids()) == {"free", "json", "gone"}
+        (aborted,) = model.core.abort_requests(["gone"])
+        assert aborted.finish_reason is FinishReason.ABORT
+        seen = drain(model.core)
+        assert "gone" not in seen
+        assert len(tokens(first + seen["free"])) == 24
+        person = json.loads(text_of(seen["json"]))
+        jsonschema.validate(person, PERSON)
+    finally:
+        model.close()

@@ -42,6 +42,9 @@ _CACHEABLE = frozenset(
     {FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH, FinishReason.ABORT}
 )
 
+# how long a step with nothing but held-back requests waits for them to become ready
+_DEFERRED_WAIT_S = 0.05
+
 logger = logging.getLogger(__name__)
 
 
@@ -79,19 +82,26 @@ class EngineCore:
         self.backend = backend
         self.scheduler = scheduler
         self._states: dict[RequestId, _SequenceState] = {}
+        # constrained requests held back until the backend can build their samplers
+        self._deferred: list[AddRequest] = []
         self._stats = EngineStats(kv_cells_total=backend.n_ctx_total)
         self._recorder = StepRecorder()
         self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._deferred)
 
     def request_ids(self) -> list[str]:
         """Ids of every request not finished yet (waiting or running)."""
-        return list(self._states)
+        return list(self._states) + [m.request_id for m in self._deferred]
 
     def add_request(self, message: AddRequest) -> list[RequestDelta]:
-        """Queue a request. Returns an error delta (and queues nothing) if it can never run."""
+        """Queue a request. Returns an error delta (and queues nothing) if it can never run.
+        A constrained request waits aside while the backend prepares constraints (the
+        first one of a worker's life: `ModelBackend.constraints_ready`)."""
+        if message.sampling.constraint is not None and not self.backend.constraints_ready():
+            self._deferred.append(message)
+            return []
         request = Request(
             request_id=RequestId(message.request_id),
             prompt_token_ids=message.prompt_token_ids,
@@ -132,9 +142,20 @@ class EngineCore:
             return "prompt plus max_tokens exceeds the KV cache of this worker"
         return None
 
+    def _admit_deferred(self) -> list[RequestDelta]:
+        if not self._deferred:
+            return []
+        wait_s = 0.0 if self.scheduler.has_work() else _DEFERRED_WAIT_S  # idle: nothing stalls
+        if not self.backend.constraints_ready(wait_s):
+            return []
+        held, self._deferred = self._deferred, []
+        return [delta for message in held for delta in self.add_request(message)]
+
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         """Finish these requests now (ABORT) and free their KV. Unknown ids are ignored."""
-        deltas = []
+        aborted = set(request_ids)
+        deltas = [_aborted_delta(m) for m in self._deferred if m.request_id in aborted]
+        self._deferred = [m for m in self._deferred if m.request_id not in aborted]
         for request_id in request_ids:
             request = self.scheduler.get(RequestId(request_id))
             if request is not None:
@@ -145,8 +166,9 @@ class EngineCore:
         """Run one step: one llama_decode over every scheduled chunk; one delta per
         request that produced text, a token, or finished."""
         started_at = time.monotonic()
+        deltas = self._admit_deferred()
         output = self.scheduler.schedule()
-        deltas = [self._timed_out(r) for r in output.timed_out]
+        deltas.extend(self._timed_out(r) for r in output.timed_out)
         failed = self._apply_kv_ops(output.kv_ops)
         chunks = [c for c in output.chunks if c.request.request_id not in failed]
         deltas.extend(failed.values())
@@ -180,6 +202,8 @@ class EngineCore:
 
     def wait_s(self) -> float:
         """How long the worker may sleep before `step()` has work (0 = run now)."""
+        if self._deferred:
+            return 0.0  # step() waits for the backend (briefly, so inputs are still read)
         return self.scheduler.idle_wait_s()
 
     def _n_logits(self, chunk: ScheduledChunk) -> int:
@@ -311,7 +335,7 @@ class EngineCore:
         s = self._stats
         return EngineStats(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
+            num_waiting=self.scheduler.num_waiting + len(self._deferred),
             num_steps=s.num_steps,
             num_prompt_tokens_total=s.num_prompt_tokens_total,
             num_generated_tokens_total=s.num_generated_tokens_total,
@@ -376,6 +400,14 @@ def _delta(request: Request, text: str, token_ids: list[int]) -> RequestDelta:
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=len(request.output_token_ids),
         num_cached_tokens=request.num_cached_tokens,
+    )
+
+
+def _aborted_delta(message: AddRequest) -> RequestDelta:
+    return RequestDelta(
+        request_id=message.request_id,
+        finish_reason=FinishReason.ABORT,
+        num_prompt_tokens=len(message.prompt_token_ids),
     )
 
 

@@ -55,6 +55,12 @@ class ModelBackend(Protocol):
     eog_token_ids: frozenset[int]
     n_ctx_total: int
 
+    def constraints_ready(self, wait_s: float = 0.0) -> bool:
+        """True when `make_sampler` can build a constrained sampler without blocking
+        (waits up to `wait_s` for that); False starts whatever preparation that needs
+        (on another thread)."""
+        ...
+
     def make_sampler(self, spec: SamplerSpec) -> SamplerHandle: ...
 
     def sample(self, sampler: SamplerHandle, batch_index: int) -> int:

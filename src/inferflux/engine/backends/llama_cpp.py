@@ -198,6 +198,11 @@ class BackgroundGrammarTokenizer:
     def wait(self) -> None:
         self._thread.join()
 
+    def done(self, wait_s: float = 0.0) -> bool:
+        """True once `get` returns without waiting (waits up to `wait_s` for that)."""
+        self._thread.join(wait_s)
+        return not self._thread.is_alive()
+
     def get(self) -> LLTokenizer:
         """The tokenizer; raises EngineError if it could not be built."""
         self._thread.join()
@@ -251,7 +256,9 @@ class LlamaCppBackend:
         self.eog_token_ids: frozenset[int] = frozenset(
             t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)
         )
-        self._grammar_tokenizer = BackgroundGrammarTokenizer(self._vocab)
+        # started by the first constraint: ≈100 MB for Gemma's 262k tokens, not worth
+        # holding in workers that never see one (the API process validates with its own)
+        self._grammar_tokenizer: BackgroundGrammarTokenizer | None = None
         self._matchers: MatcherFactory | None = None  # built at the first constraint
         self._masker = LogitMasker(self.n_vocab)
 
@@ -309,13 +316,26 @@ class LlamaCppBackend:
         return cached
 
     # -- sampling ----------------------------------------------------------------------
+    def constraints_ready(self, wait_s: float = 0.0) -> bool:
+        """True when a constrained sampler can be made without waiting (waits up to
+        `wait_s` for that). The first call starts indexing the vocabulary for grammars on
+        a thread (0.4 s for SmolLM2, 3 s for Gemma); until it is done, the caller holds
+        its constrained requests back."""
+        return self._grammar().done(wait_s)
+
+    def _grammar(self) -> BackgroundGrammarTokenizer:
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = BackgroundGrammarTokenizer(self._vocab)
+        return self._grammar_tokenizer
+
     def make_sampler(self, params: SamplerSpec) -> Sampler:
         """A sampler for one sequence. Free it with `Sampler.close()`. Raises ValueError
-        for a constraint llguidance rejects (the API validates first; this is the net)."""
+        for a constraint llguidance rejects (the API validates first; this is the net).
+        A constraint before `constraints_ready()` is True waits for the vocabulary index."""
         matcher = None
         if params.constraint is not None:
             if self._matchers is None:
-                self._matchers = MatcherFactory(self._grammar_tokenizer.get())
+                self._matchers = MatcherFactory(self._grammar().get())
             matcher = self._matchers.make(params.constraint)
         return Sampler(params, self.n_vocab, self.eog_token_ids, matcher)
 
@@ -389,7 +409,8 @@ class LlamaCppBackend:
 
     def close(self) -> None:
         """Free the context and the model. The backend is unusable afterwards."""
-        self._grammar_tokenizer.wait()
+        if self._grammar_tokenizer is not None:
+            self._grammar_tokenizer.wait()
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
