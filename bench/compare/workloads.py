@@ -64,6 +64,8 @@ def _row(level: dict[str, Any], run: Running | None, workload: str) -> dict[str,
     """A level report without per-request data, plus the server's peak memory."""
     row = {k: v for k, v in level.items() if k != "requests"}
     row["workload"] = workload
+    # per request, without the inter-token gaps (those are summarised in itl_s)
+    row["requests"] = [{k: v for k, v in r.items() if k != "itl_s"} for r in level["requests"]]
     prompts = [r["prompt_tokens"] for r in level["requests"] if r.get("prompt_tokens")]
     row["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
     if run is not None:
