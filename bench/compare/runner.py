@@ -69,6 +69,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=RESULTS / "compare.json")
     p.add_argument("--markdown", type=Path, default=RESULTS / "compare.md")
     p.add_argument("--append", type=Path, default=None, help="append the markdown here too")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: join the rows of these result JSONs (runs of different servers "
+        "or levels on the same machine) into one report, ratios across them",
+    )
     return p
 
 
@@ -189,8 +197,44 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(paths: list[Path]) -> dict[str, Any]:
+    """One result from several: the first one's meta (commands joined), every model's rows."""
+    results = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    out: dict[str, Any] = {"meta": dict(results[0]["meta"]), "models": {}}
+    out["meta"]["command"] = " + ".join(r["meta"]["command"] for r in results)
+    out["meta"]["machine"] = dict(out["meta"]["machine"])
+    out["meta"]["machine"]["loadavg_end"] = results[-1]["meta"]["machine"]["loadavg_end"]
+    for result in results:
+        if result["meta"]["toolchain"].get("llama_server"):
+            out["meta"]["toolchain"] = result["meta"]["toolchain"]
+        for key, entry in result["models"].items():
+            into = out["models"].setdefault(key, {"model": entry["model"], "rows": []})
+            into["rows"].extend(entry["rows"])
+    order = [*SERVERS, "engine"]
+    for entry in out["models"].values():
+        entry["rows"].sort(
+            key=lambda r: (r["workload"] == "agent", r["workload"], r["concurrency"] or 0,
+                           order.index(r["server"]) if r["server"] in order else len(order))
+        )  # fmt: skip
+    return out
+
+
+def _write(result: dict[str, Any], args: Any) -> None:  # Any: argparse
+    text = markdown(result)
+    print("\n" + text)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    args.markdown.write_text(text, encoding="utf-8")
+    if args.append is not None:
+        with args.append.open("a", encoding="utf-8") as out:
+            out.write("\n" + text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.merge:
+        _write(merged(args.merge), args)
+        return 0
     tools, tool_info = _tools(args.servers)
     result: dict[str, Any] = {
         "meta": {
@@ -211,13 +255,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_model(model, tools, args)
         result["models"][key] = {"model": _model_meta(model), "rows": rows}
     result["meta"]["machine"]["loadavg_end"] = os.getloadavg()
-    text = markdown(result)
-    print("\n" + text)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
-    args.markdown.write_text(text, encoding="utf-8")
-    if args.append is not None:
-        with args.append.open("a", encoding="utf-8") as out:
-            out.write("\n" + text)
+    _write(result, args)
     errors = sum(r["num_errors"] for m in result["models"].values() for r in m["rows"])
     return 1 if errors else 0

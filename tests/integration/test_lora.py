@@ -6,13 +6,16 @@ changes the output while the base model's stays identical, refusals, swap under 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from inferflux.cli.inferctl import app as inferctl_app
 from tests.integration.model_registry_setup import (
     entry,
     link_into,
@@ -164,3 +167,25 @@ def test_unloading_an_adapter(lora: Lora) -> None:
     )
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
     assert complete(url, model="chat")["model"] == "chat"
+
+
+def test_inferctl_admin_adapters(lora: Lora) -> None:
+    runner = CliRunner()
+    url = lora.server.url
+    path = str(lora.folder / "pirate.gguf")  # the same file here and on the server
+    args = ["admin", "adapters", "--url", url, "--base", "chat", "--load", path]
+    loaded = runner.invoke(inferctl_app, [*args, "--id", "cli", "--scale", "0.5"])
+    assert loaded.exit_code == 0, loaded.output
+    assert "load chat:cli: done in" in loaded.output
+    assert "chat:cli: loaded  scale 0.5" in loaded.output
+    assert complete(url, model="chat:cli")["model"] == "chat:cli"
+    listed = runner.invoke(inferctl_app, ["admin", "adapters", "--url", url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert "chat:cli" in {a["model"] for a in json.loads(listed.output)["data"]}
+    again = runner.invoke(inferctl_app, [*args, "--id", "cli"])
+    assert again.exit_code == 1 and "409" in again.output
+    unload = ["admin", "adapters", "--url", url, "--base", "chat", "--unload", "cli"]
+    unloaded = runner.invoke(inferctl_app, unload)
+    assert unloaded.exit_code == 0 and "unload chat:cli: done" in unloaded.output
+    no_base = runner.invoke(inferctl_app, ["admin", "adapters", "--url", url, "--unload", "cli"])
+    assert no_base.exit_code == 2 and "--base" in no_base.output

@@ -167,3 +167,39 @@ def test_the_agent_corpus_can_fold_its_system_prompt_into_the_first_turn():
     assert first == plain[0]["system"] + "\n\n" + plain[0]["turns"][0]["content"]
     assert folded[0]["turns"][1] == plain[0]["turns"][1]
     assert len(workloads.agent_corpus(workloads.Plan(), False)[0]["turns"]) == 6
+
+
+def _result(command, rows, loadavg, llama_server=None):
+    return {
+        "meta": {
+            "command": command,
+            "machine": {"loadavg_start": loadavg, "loadavg_end": loadavg},
+            "toolchain": {"llama_server": llama_server, "llama_cpp_python_venv": None},
+        },
+        "models": {"smollm2": {"model": MODEL, "rows": rows}},
+    }
+
+
+def test_merge_joins_runs_into_one_report_with_ratios_across_them(tmp_path):
+    import json  # noqa: PLC0415
+
+    runner = importlib.import_module("compare.runner")
+    rows = _rows()
+    lcp = [r for r in rows if r["server"] == "llama-cpp-python"]
+    others = [r for r in rows if r["server"] != "llama-cpp-python"]
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    build = {"binary": "/x/llama-server", "llama_cpp_python": "0.3.36"}
+    first.write_text(json.dumps(_result("run a", others, [1.0, 1, 1], build)))
+    second.write_text(json.dumps(_result("run b", lcp, [2.0, 2, 2])))
+    merged = runner.merged([first, second])
+    assert merged["meta"]["command"] == "run a + run b"
+    assert merged["meta"]["machine"]["loadavg_end"] == [2.0, 2, 2]
+    assert merged["meta"]["toolchain"]["llama_server"] == build
+    got = merged["models"]["smollm2"]["rows"]
+    assert len(got) == len(rows)
+    order = [(r["workload"], r["concurrency"], r["server"]) for r in got]
+    assert order[:4] == [("chat", 1, "inferflux"), ("chat", 1, "llama-server"),
+                         ("chat", 1, "llama-cpp-python"), ("chat", 1, "engine")]  # fmt: skip
+    assert order[-1][0] == "agent"
+    # the ≥ 2× llama-cpp-python target now sees both runs: 150 / 40
+    assert "3.75×" in report.targets(got, MODEL)

@@ -1,5 +1,7 @@
-"""`inferctl admin models`: list the server's models and drive their lifecycle (load, unload,
-hot swap, default) through `/v1/admin/models` (the `admin` scope: INFERCTL_API_KEY).
+"""`inferctl admin models` and `inferctl admin adapters`: list the server's models and LoRA
+adapters and drive their lifecycle (load, unload, hot swap, default) through
+`/v1/admin/models` (the `admin` scope) and `/v1/admin/adapters` (the `adapter-manager`
+scope); the key is INFERCTL_API_KEY.
 
 `--load PATH` and `--swap PATH` name a file inside the server's models folder. The SHA-256
 is `--sha256`, else computed here from PATH when this machine sees the same file (the
@@ -30,6 +32,7 @@ from inferflux.cli.inferctl.pull import file_sha256
 admin_app = typer.Typer(help="Server administration (admin scope).", no_args_is_help=True)
 
 ADMIN_MODELS = "/v1/admin/models"
+ADMIN_ADAPTERS = "/v1/admin/adapters"
 
 
 def _sha256(path: str, given: str | None) -> str:
@@ -115,3 +118,57 @@ def models(
         typer.echo(f"{action} {answer['id']}: done{load_s}{retiring}")
     for model in answer.get("data") or answer.get("models") or []:
         typer.echo(_model_line(model))
+
+
+def _adapter_line(adapter: dict[str, Any]) -> str:
+    return (
+        f"{adapter['model']}: {adapter['state']}  scale {adapter['scale']}  "
+        f"in-flight {adapter['num_in_flight']}  {adapter['path']}"
+        + (f"  error: {adapter['error']}" if adapter.get("error") else "")
+    )
+
+
+@admin_app.command("adapters")
+def adapters(
+    base: Annotated[
+        str | None, typer.Option(help="The base model id (with --load, --swap, --unload).")
+    ] = None,
+    load: Annotated[str | None, typer.Option(help="Load this LoRA GGUF as --id.")] = None,
+    swap: Annotated[
+        str | None, typer.Option(help="Swap adapter --id to this GGUF (in-flight requests finish).")
+    ] = None,
+    unload: Annotated[str | None, typer.Option(help="Unload this adapter id.")] = None,
+    adapter_id: Annotated[
+        str | None, typer.Option("--id", help="Adapter id to load or swap.")
+    ] = None,
+    sha256: Annotated[str | None, typer.Option(help="SHA-256 of the file.")] = None,
+    scale: Annotated[float | None, typer.Option(help="LoRA scale, -16 to 16 (default 1).")] = None,
+    url: UrlOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the LoRA adapters, or load / swap / unload one. An adapter `ID` on base `BASE` is
+    served as the model `BASE:ID`."""
+    action = _action(load, swap, unload, None)
+    if action is not None and not base:
+        raise fail(f"--{action} needs --base (the base model id)", EXIT_USAGE_ERROR)
+    with make_client(base_url(url, host, port)) as client:
+        if action is None:
+            answer = request_json(client, "GET", ADMIN_ADAPTERS)
+        else:
+            target = unload if action == "unload" else adapter_id
+            body = _body(action, target, load or swap, sha256=sha256, scale=scale)
+            body["base"] = base
+            if scale is not None:  # NOTE: 0.0 is a scale too (_body drops falsy fields)
+                body["scale"] = scale
+            answer = request_json(client, "POST", ADMIN_ADAPTERS, json=body)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    if action is not None:
+        load_s = f" in {answer['load_s']} s" if answer.get("load_s") is not None else ""
+        retiring = f"; {answer['retiring']} retires once idle" if answer.get("retiring") else ""
+        typer.echo(f"{action} {answer['model']}: done{load_s}{retiring}")
+    for adapter in answer.get("data") or answer.get("adapters") or []:
+        typer.echo(_adapter_line(adapter))
