@@ -99,25 +99,39 @@ def models(
 ) -> None:
     """List the models, or load / swap / unload one, or set the default."""
     action = _action(load, swap, unload, set_default)
-    with make_client(base_url(url, host, port)) as client:
-        if action is None:
-            answer = request_json(client, "GET", ADMIN_MODELS)
-        else:
-            target = {"unload": unload, "set_default": set_default}.get(action, model_id)
-            body = _body(
-                action, target, load or swap, sha256=sha256, default=default,
-                aliases=alias, n_ctx=n_ctx,
-            )  # fmt: skip
-            answer = request_json(client, "POST", ADMIN_MODELS, json=body)
+    body = None
+    if action is not None:
+        target = {"unload": unload, "set_default": set_default}.get(action, model_id)
+        body = _body(
+            action, target, load or swap, sha256=sha256, default=default,
+            aliases=alias, n_ctx=n_ctx,
+        )  # fmt: skip
+    answer = _exchange(ADMIN_MODELS, body, base_url(url, host, port))
+    listed = answer.get("data") or answer.get("models") or []
+    _print(answer, action, answer.get("id"), [_model_line(m) for m in listed], as_json)
+
+
+def _exchange(path: str, body: dict[str, Any] | None, url: str) -> Any:  # Any: JSON
+    """GET `path` (no body) or POST `body` to it."""
+    with make_client(url) as client:
+        if body is None:
+            return request_json(client, "GET", path)
+        return request_json(client, "POST", path, json=body)
+
+
+def _print(
+    answer: dict[str, Any], action: str | None, name: object, lines: list[str], as_json: bool
+) -> None:
+    """The answer as JSON, or what was done to `name` and then one line per entry."""
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return
     if action is not None:
         load_s = f" in {answer['load_s']} s" if answer.get("load_s") is not None else ""
         retiring = f"; {answer['retiring']} retires once idle" if answer.get("retiring") else ""
-        typer.echo(f"{action} {answer['id']}: done{load_s}{retiring}")
-    for model in answer.get("data") or answer.get("models") or []:
-        typer.echo(_model_line(model))
+        typer.echo(f"{action} {name}: done{load_s}{retiring}")
+    for line in lines:
+        typer.echo(line)
 
 
 def _adapter_line(adapter: dict[str, Any]) -> str:
@@ -151,24 +165,14 @@ def adapters(
     """List the LoRA adapters, or load / swap / unload one. An adapter `ID` on base `BASE` is
     served as the model `BASE:ID`."""
     action = _action(load, swap, unload, None)
-    if action is not None and not base:
-        raise fail(f"--{action} needs --base (the base model id)", EXIT_USAGE_ERROR)
-    with make_client(base_url(url, host, port)) as client:
-        if action is None:
-            answer = request_json(client, "GET", ADMIN_ADAPTERS)
-        else:
-            target = unload if action == "unload" else adapter_id
-            body = _body(action, target, load or swap, sha256=sha256, scale=scale)
-            body["base"] = base
-            if scale is not None:  # NOTE: 0.0 is a scale too (_body drops falsy fields)
-                body["scale"] = scale
-            answer = request_json(client, "POST", ADMIN_ADAPTERS, json=body)
-    if as_json:
-        typer.echo(json.dumps(answer, indent=2))
-        return
+    body = None
     if action is not None:
-        load_s = f" in {answer['load_s']} s" if answer.get("load_s") is not None else ""
-        retiring = f"; {answer['retiring']} retires once idle" if answer.get("retiring") else ""
-        typer.echo(f"{action} {answer['model']}: done{load_s}{retiring}")
-    for adapter in answer.get("data") or answer.get("adapters") or []:
-        typer.echo(_adapter_line(adapter))
+        if not base:
+            raise fail(f"--{action} needs --base (the base model id)", EXIT_USAGE_ERROR)
+        target = unload if action == "unload" else adapter_id
+        body = {**_body(action, target, load or swap, sha256=sha256), "base": base}
+        if scale is not None:  # NOTE: 0.0 is a scale too (_body drops falsy fields)
+            body["scale"] = scale
+    answer = _exchange(ADMIN_ADAPTERS, body, base_url(url, host, port))
+    listed = answer.get("data") or answer.get("adapters") or []
+    _print(answer, action, answer.get("model"), [_adapter_line(a) for a in listed], as_json)
