@@ -172,6 +172,33 @@ def test_a_cache_hit_predicts_what_a_full_prefill_predicts(
             assert abs(top_cached[token] - logprob) < 0.05
 
 
+def test_a_refused_cache_copy_computes_the_prompt_instead(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp may refuse a copy (a window-sized SWA cache drops old positions): the hit
+    becomes a full prefill, not an error, and the output is what a cold run gives."""
+    engine = make_core(smollm2_model_path)
+    try:
+        submit(engine, tokenizer, "warm", chat("Tell me about the moon."), max_tokens=1)
+        drain(engine)
+        monkeypatch.setattr(engine.backend, "copy_seq", lambda src, dst, n: False)
+        before = engine.stats()
+        prompt = submit(engine, tokenizer, "q", chat("Tell me about Mars."), max_tokens=8)
+        refused = drain(engine)["q"]
+        computed = engine.stats().num_prompt_tokens_total - before.num_prompt_tokens_total
+        monkeypatch.undo()
+        assert refused[-1].finish_reason == FinishReason.LENGTH
+        assert refused[-1].num_cached_tokens == 0 and computed == len(prompt)
+        engine.scheduler.prefix_cache.clear()  # type: ignore[union-attr]
+        submit(engine, tokenizer, "cold", chat("Tell me about Mars."), max_tokens=8)
+        cold = drain(engine)["cold"]
+        assert cold[-1].num_cached_tokens == 0
+        assert tokens(refused) == tokens(cold)
+        assert not engine.has_work() and engine.stats().kv_cells_used == 0
+    finally:
+        engine.close()
+
+
 def test_namespaces_isolate_cached_prefixes(core: EngineCore, tokenizer: LlamaTokenizer) -> None:
     text = chat("What is the tallest mountain on Earth?")
     submit(core, tokenizer, "n1", text, namespace="tenant-a")

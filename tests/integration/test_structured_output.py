@@ -217,9 +217,15 @@ def check_ollama_format(client: ollama.Client) -> None:
     )
     person = Person.model_validate_json(reply.message.content or "")
     assert person.city in ("Lima", "Oslo", "Paris")
+    # NOTE: greedy: sampled at the default temperature, a long string value could still be
+    # open when num_predict ends it (finish reason length), which is valid but not a dict
     generated = client.generate(
-        model=model, prompt="A cat, as JSON:", format="json", options={"num_predict": 60}
+        model=model,
+        prompt="A cat, as JSON:",
+        format="json",
+        options={"temperature": 0, "num_predict": 60},
     )
+    assert generated.done_reason == "stop", generated.response
     assert isinstance(json.loads(generated.response), dict)
     with pytest.raises(ollama.ResponseError) as refused:
         client.chat(model=model, messages=ASK, format={"type": "wat"})

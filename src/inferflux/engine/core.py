@@ -169,9 +169,8 @@ class EngineCore:
         deltas = self._admit_deferred()
         output = self.scheduler.schedule()
         deltas.extend(self._timed_out(r) for r in output.timed_out)
-        failed = self._apply_kv_ops(output.kv_ops)
-        chunks = [c for c in output.chunks if c.request.request_id not in failed]
-        deltas.extend(failed.values())
+        recompute = self._apply_kv_ops(output.kv_ops)
+        chunks = [c for c in output.chunks if c.request.request_id not in recompute]
         if not chunks:
             return deltas
         self._recorder.on_scheduled(chunks, started_at)
@@ -211,23 +210,31 @@ class EngineCore:
             return len(chunk.token_ids)
         return 1 if chunk.sample else 0
 
-    def _apply_kv_ops(self, ops: list[KvOp]) -> dict[RequestId, RequestDelta]:
-        """Run the scheduler's KV copies and frees in order. A failed cache-hit copy
-        fails its request (its chunk assumed the copied KV)."""
-        failed: dict[RequestId, RequestDelta] = {}
+    def _apply_kv_ops(self, ops: list[KvOp]) -> set[RequestId]:
+        """Run the scheduler's KV copies and frees in order. A cache hit whose copy
+        llama.cpp refuses (a window-sized SWA cache may not keep the positions a prefix
+        needs) is not an error: the entry is dropped and the request computes its prompt
+        from the start, from the next step on. Returns those requests (this step's chunks
+        of theirs assumed the copied KV)."""
+        recompute: set[RequestId] = set()
         for op in ops:
             if isinstance(op, KvFree):
                 self.backend.free_seq(op.seq_id)
             elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
                 continue
             elif op.request is not None:
-                logger.error("prefix-cache copy into %s failed", op.request.request_id)
-                failed[op.request.request_id] = self._finish(
-                    op.request, FinishReason.ERROR, "", "the prefix-cache KV copy failed"
+                logger.warning(
+                    "prefix-cache copy into %s failed; computing its prompt instead",
+                    op.request.request_id,
                 )
+                self.backend.free_seq(op.dst)
+                self.scheduler.cache_copy_failed(op.request)
+                if self.scheduler.prefix_cache is not None:
+                    self.scheduler.prefix_cache.remove(op.src)
+                recompute.add(op.request.request_id)
             elif self.scheduler.prefix_cache is not None:
                 self.scheduler.prefix_cache.remove(op.dst)
-        return failed
+        return recompute
 
     def _timed_out(self, request: Request) -> RequestDelta:
         self._recorder.on_finished(request, FinishReason.TIMEOUT)
