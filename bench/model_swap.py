@@ -51,30 +51,14 @@ from launch import INFERFLUX
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
-from tests.integration.model_registry_setup import write_lora  # noqa: E402
+from tests.integration.model_registry_setup import (  # noqa: E402
+    StreamOutcome,
+    streams_during,
+    tree_rss_bytes,
+    write_lora,
+)
 
 from inferflux.engine.model_files import default_model_path  # noqa: E402
-
-
-@dataclass
-class Outcome:
-    """One streamed completion: how it ended and when (monotonic seconds)."""
-
-    started_at: float
-    ended_at: float = 0.0
-    status: int = 0
-    fingerprint: str | None = None
-    finish_reason: str | None = None
-    completion_tokens: int | None = None
-    done: bool = False
-    error: str | None = None
-
-    def ok(self, max_tokens: int) -> bool:
-        if self.status != 200 or self.error or not self.done:
-            return False
-        return self.finish_reason == "stop" or (
-            self.finish_reason == "length" and self.completion_tokens == max_tokens
-        )
 
 
 @dataclass
@@ -105,87 +89,15 @@ def sha256_s(path: Path) -> tuple[str, float]:
     return digest.hexdigest(), time.monotonic() - started
 
 
-def tree_rss_mib(pid: int) -> float:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", encoding="utf-8") as file:
-                    ppid = int(file.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        stack += children.get(current, [])
-        try:
-            with open(f"/proc/{current}/status", encoding="utf-8") as file:
-                total += sum(int(line.split()[1]) for line in file if line.startswith("VmRSS"))
-        except OSError:
-            pass
-    return total / 1024
-
-
-async def stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> Outcome:
-    outcome = Outcome(started_at=time.monotonic())
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            outcome.status = response.status_code
-            async for line in response.aiter_lines():
-                _read(outcome, line)
-    except httpx.HTTPError as exc:
-        outcome.error = type(exc).__name__
-    outcome.ended_at = time.monotonic()
-    return outcome
-
-
-def _read(outcome: Outcome, line: str) -> None:
-    data = line.removeprefix("data: ")
-    if not line.startswith("data: "):
-        return
-    if data == "[DONE]":
-        outcome.done = True
-        return
-    event = json.loads(data)
-    if "error" in event:
-        outcome.error = str(event["error"])
-        return
-    outcome.fingerprint = event.get("system_fingerprint") or outcome.fingerprint
-    for choice in event["choices"]:
-        outcome.finish_reason = choice["finish_reason"] or outcome.finish_reason
-    if event.get("usage"):
-        outcome.completion_tokens = event["usage"]["completion_tokens"]
-
-
 async def under_load(
     url: str, body: dict, clients: int, max_tokens: int, model: str = "chat"
-) -> tuple[list, dict]:
+) -> tuple[list[StreamOutcome], dict]:
     """Clients stream back to back while the admin request runs, then once more each."""
     route = "/v1/admin/adapters" if "base" in body else "/v1/admin/models"
     async with httpx.AsyncClient(base_url=url, timeout=600) as admin:
         swap_started = time.monotonic()
         swap = asyncio.create_task(admin.post(route, json=body))
-
-        async def client_loop(index: int) -> list[Outcome]:
-            outcomes = []
-            async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-                while True:
-                    finished = swap.done()
-                    prompt = f"Story {index}:"
-                    outcomes.append(await stream(client, model, prompt, max_tokens))
-                    if finished:
-                        return outcomes
-
-        results = await asyncio.gather(*(client_loop(i) for i in range(clients)))
+        outcomes = await streams_during(url, model, swap, clients=clients, max_tokens=max_tokens)
         response = await swap
         swap_info = {
             "status": response.status_code,
@@ -193,10 +105,10 @@ async def under_load(
             "started_at": swap_started,
             "body": response.json(),
         }
-    return [o for r in results for o in r], swap_info
+    return outcomes, swap_info
 
 
-def tabulate(outcomes: list[Outcome], swap: dict, old: str, max_tokens: int) -> Table:
+def tabulate(outcomes: list[StreamOutcome], swap: dict, old: str, max_tokens: int) -> Table:
     switched_at = swap["started_at"] + swap["s"]
     latencies = sorted(o.ended_at - o.started_at for o in outcomes)
     table = Table(requests=len(outcomes), swap_status=swap["status"], swap_s=swap["s"])
@@ -207,9 +119,10 @@ def tabulate(outcomes: list[Outcome], swap: dict, old: str, max_tokens: int) -> 
             table.truncated += 1
         else:
             table.failed += 1
-        table.served_by_old += o.fingerprint == old
-        table.served_by_new += o.fingerprint not in (old, None)
-        table.spanned_switch += o.fingerprint == old and o.started_at < switched_at < o.ended_at
+        by_old = old in o.fingerprints
+        table.served_by_old += by_old
+        table.served_by_new += bool(o.fingerprints - {old})
+        table.spanned_switch += by_old and o.started_at < switched_at < o.ended_at
     table.latency_p50_s = round(statistics.median(latencies), 3)
     table.latency_max_s = round(latencies[-1], 3)
     if swap["status"] != 200:
@@ -349,17 +262,19 @@ def print_markdown(results: dict) -> None:
         "requests", "ok", "failed", "truncated", "served_by_old", "served_by_new",
         "spanned_switch", "swap_status", "swap_s", "latency_p50_s", "latency_max_s",
     ]  # fmt: skip
+    adapters = results["adapters"]
+    tables = [*results["under_load"].items(), ("adapter swap", adapters["swap"])]
     print("\n| under load | " + " | ".join(keys) + " |")
     print("| --- " * (len(keys) + 1) + "|")
-    for name, table in results["under_load"].items():
-        print(f"| {name} | " + " | ".join(str(getattr(table, k)) for k in keys) + " |")
-    adapters = results["adapters"]
+    for name, table in tables:
+        cells = [
+            round(v, 3) if isinstance(v, float) else v for v in (getattr(table, k) for k in keys)
+        ]
+        print(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
     print(
         f"\nLoRA adapter load (admin POST): {adapters['load']['wall_s']} s "
         f"(server load_s {adapters['load']['load_s']} s)"
     )
-    print("| adapter swap under load | " + " | ".join(
-        str(getattr(adapters["swap"], k)) for k in keys) + " |")  # fmt: skip
     rss = results["rss_mib"]
     change = rss["after"] / rss["baseline"] - 1
     print(
@@ -436,7 +351,7 @@ def run(url: str, pid: int, files: dict, args: argparse.Namespace) -> dict:
     # is touched before the baseline, as it is after the swaps
     warm = {"action": "set_default", "id": "chat"}
     asyncio.run(under_load(url, warm, args.clients, args.max_tokens))
-    baseline = tree_rss_mib(pid)
+    baseline = tree_rss_bytes(pid) / 2**20
     loads = measure_loads(url, files, args.repeat)
     idle = measure_idle_swaps(url, files)
     tables = asyncio.run(measure_under_load(url, files, args.clients, args.max_tokens))
@@ -449,7 +364,7 @@ def run(url: str, pid: int, files: dict, args: argparse.Namespace) -> dict:
         "loads": loads,
         "idle_swaps": idle,
         "under_load": tables,
-        "rss_mib": {"baseline": baseline, "after": tree_rss_mib(pid)},
+        "rss_mib": {"baseline": baseline, "after": tree_rss_bytes(pid) / 2**20},
         "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
     }
 

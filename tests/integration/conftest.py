@@ -8,7 +8,6 @@ lifespan started; `api_client` drives it with httpx's ASGITransport.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,10 +17,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from inferflux.api import create_app
 from inferflux.config.loader import load_settings
-from inferflux.engine import load_served_model, make_engine_client
 from inferflux.security.settings_policy import base_policy
+from tests.integration.inprocess_app import running_app
 from tests.integration.security_support import ActAsMiddleware, MutablePolicySource, RedisServer
 from tests.integration.server_process import ServerProcess
 
@@ -51,16 +49,7 @@ def server_url(server_log: Path) -> Iterator[str]:
 async def inprocess_app() -> AsyncIterator[FastAPI]:
     """The app over the real engine on a thread of this process, lifespan running."""
     settings = load_settings(env={}, overrides={"runtime.in_process": True})
-    model_info, tokenizer = load_served_model(settings)
-    engine = make_engine_client(settings, model_info)
-    app = create_app(settings, engine=engine, tokenizer=tokenizer, model_info=model_info)
-    async with app.router.lifespan_context(app):
-        # the lifespan starts the engine in the background; wait for a ready worker
-        for _ in range(1200):
-            if engine.ready:
-                break
-            await asyncio.sleep(0.1)
-        assert engine.ready, "the in-process engine did not become ready"
+    async with running_app(settings) as app:
         yield app
 
 
@@ -102,17 +91,7 @@ async def security_app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         },
     )
     source = MutablePolicySource(base_policy(settings))
-    model_info, tokenizer = load_served_model(settings)
-    engine = make_engine_client(settings, model_info)
-    app = create_app(
-        settings, engine=engine, tokenizer=tokenizer, model_info=model_info, policy_source=source
-    )
-    async with app.router.lifespan_context(app):
-        for _ in range(1200):
-            if engine.ready:
-                break
-            await asyncio.sleep(0.1)
-        assert engine.ready, "the in-process engine did not become ready"
+    async with running_app(settings, policy_source=source) as app:
         yield SecurityApp(app, ActAsMiddleware(app), source, audit_path)
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,8 @@ class StreamOutcome:
     completion_tokens: int | None = None
     done: bool = False  # saw `data: [DONE]`
     error: str | None = None
+    started_at: float = 0.0  # monotonic seconds, sent / answered or failed
+    ended_at: float = 0.0
 
     def ok(self, max_tokens: int) -> bool:
         """Complete and untruncated: 200, a finish reason, the usage chunk, [DONE], and
@@ -135,17 +138,19 @@ async def stream_completion(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    outcome = StreamOutcome(status=0, started_at=time.monotonic())
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
-            outcome = StreamOutcome(status=response.status_code)
+            outcome.status = response.status_code
             if response.status_code != 200:
                 outcome.error = (await response.aread()).decode(errors="replace")
-                return outcome
-            async for line in response.aiter_lines():
-                _read_event(outcome, line)
-            return outcome
+            else:
+                async for line in response.aiter_lines():
+                    _read_event(outcome, line)
     except httpx.HTTPError as exc:
-        return StreamOutcome(status=0, error=f"{type(exc).__name__}: {exc}")
+        outcome.status, outcome.error = 0, f"{type(exc).__name__}: {exc}"
+    outcome.ended_at = time.monotonic()
+    return outcome
 
 
 def _read_event(outcome: StreamOutcome, line: str) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 import uuid
 
-import anyio
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux.api.errors import error_response
+from inferflux.asgi import drain_body
 from inferflux.errors import RequestTooLarge
 from inferflux.observability.logging import request_id_var
 
@@ -81,7 +81,7 @@ class BodySizeLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await _drain(receive)
+            await drain_body(receive, max_bytes=_DRAIN_MAX_BYTES, max_s=_DRAIN_MAX_S)
             error = self._too_large(str(declared))
             await error_response(error, scope.get("path", ""))(scope, receive, send)
             return
@@ -94,7 +94,7 @@ class BodySizeLimitMiddleware:
                 num_received += len(message.get("body", b""))
                 if num_received > self.max_bytes:
                     if message.get("more_body", False):
-                        await _drain(receive)
+                        await drain_body(receive, max_bytes=_DRAIN_MAX_BYTES, max_s=_DRAIN_MAX_S)
                     raise self._too_large(f"at least {num_received}")
             return message
 
@@ -115,16 +115,3 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-async def _drain(receive: Receive) -> None:
-    """Read and discard the rest of the body, within `_DRAIN_MAX_BYTES` and `_DRAIN_MAX_S`."""
-    num_drained = 0
-    with anyio.move_on_after(_DRAIN_MAX_S):
-        while num_drained < _DRAIN_MAX_BYTES:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            num_drained += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return

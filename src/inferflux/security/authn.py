@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-import anyio
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from inferflux.asgi import drain_body
 from inferflux.config.auth_settings import NAME_PATTERN, OidcSettings
 from inferflux.errors import InferfluxError, InvalidToken, PermissionDenied, Unauthorized
 from inferflux.observability.logging import tenant_var
@@ -211,7 +211,7 @@ class AuthenticationMiddleware:
         try:
             principal = await self._principal(scope)
         except (Unauthorized, PermissionDenied) as exc:
-            await _drain(receive)
+            await drain_body(receive, max_bytes=_DRAIN_MAX_BYTES, max_s=_DRAIN_MAX_S)
             await self.render_error(exc, scope.get("path", ""))(scope, receive, send)
             return
         set_principal(scope, principal)
@@ -249,17 +249,3 @@ def _credential_in_query(query: bytes) -> bool:
         return False
     pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
     return any(name.lower() in CREDENTIAL_QUERY_PARAMS for name, _ in pairs)
-
-
-async def _drain(receive: Receive) -> None:
-    """Read and drop the request body (bounded) before refusing, so a client still
-    sending it gets the 401 instead of a reset connection."""
-    num_drained = 0
-    with anyio.move_on_after(_DRAIN_MAX_S):
-        while num_drained < _DRAIN_MAX_BYTES:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            num_drained += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return

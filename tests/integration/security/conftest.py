@@ -5,7 +5,6 @@ policy store in a temp folder."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -15,9 +14,8 @@ import trustme
 import yaml
 from fastapi import FastAPI
 
-from inferflux.api import create_app
 from inferflux.config.loader import load_settings
-from inferflux.engine import load_served_model, make_engine_client
+from tests.integration.inprocess_app import running_app
 from tests.integration.security.jwks_server import AUDIENCE, ISSUER, JwksServer, SigningKey
 
 PASSPHRASE = "a test passphrase, long enough"
@@ -93,15 +91,7 @@ async def secured(jwks, tmp_path_factory) -> AsyncIterator[SecuredApp]:
     store_path = str(folder / "policy.store")
     env = {"INFERFLUX_POLICY_STORE": store_path, "INFERFLUX_POLICY_PASSPHRASE": PASSPHRASE}
     settings = load_settings(config_path, env=env)
-    model_info, tokenizer = load_served_model(settings)
-    engine = make_engine_client(settings, model_info)
-    app = create_app(settings, engine=engine, tokenizer=tokenizer, model_info=model_info)
-    async with app.router.lifespan_context(app):
-        for _ in range(1200):
-            if engine.ready:
-                break
-            await asyncio.sleep(0.1)
-        assert engine.ready, "the in-process engine did not become ready"
+    async with running_app(settings) as app:
         secured = SecuredApp(app, server, rsa_key, ec_key, "", store_path)
         secured.revoked_key = await _revoked_key(secured)
         yield secured

@@ -177,8 +177,9 @@ def grammar_tokenizer(vocab: Any) -> LLTokenizer:  # Any: vocab*
 
 class BackgroundGrammarTokenizer:
     """`grammar_tokenizer(vocab)`, built on a daemon thread from construction on (about
-    0.4 s for SmolLM2's 49k tokens, 3 s for Gemma's 262k), so the first constrained
-    request does not stall every running sequence. `get` waits for it. The vocabulary
+    0.3 s for SmolLM2's 49k tokens, 1.8 s for Gemma's 262k: bench/grammar_index.py), so
+    the first constrained request does not stall every running sequence. `get` waits for
+    it. The vocabulary
     must outlive the build: call `wait` before freeing the model."""
 
     def __init__(self, vocab: Any) -> None:  # Any: vocab*
@@ -256,7 +257,7 @@ class LlamaCppBackend:
         self.eog_token_ids: frozenset[int] = frozenset(
             t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)
         )
-        # started by the first constraint: ≈100 MB for Gemma's 262k tokens, not worth
+        # started by the first constraint: ≈90–110 MB for Gemma's 262k tokens, not worth
         # holding in workers that never see one (the API process validates with its own)
         self._grammar_tokenizer: BackgroundGrammarTokenizer | None = None
         self._matchers: MatcherFactory | None = None  # built at the first constraint
@@ -319,7 +320,7 @@ class LlamaCppBackend:
     def constraints_ready(self, wait_s: float = 0.0) -> bool:
         """True when a constrained sampler can be made without waiting (waits up to
         `wait_s` for that). The first call starts indexing the vocabulary for grammars on
-        a thread (0.4 s for SmolLM2, 3 s for Gemma); until it is done, the caller holds
+        a thread (0.3 s for SmolLM2, 1.8 s for Gemma); until it is done, the caller holds
         its constrained requests back."""
         return self._grammar().done(wait_s)
 
