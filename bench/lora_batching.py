@@ -34,7 +34,6 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +147,9 @@ def set_adapters(ctx: Ctx, adapter: Any | None) -> None:  # Any: llama_adapter_l
 def setup_design(
     name: str, model: Any, adapters: list[Any | None], prompts: list[list[list[int]]], args: Any
 ) -> tuple[list[Ctx], list[tuple[Ctx, Group, Any | None]]]:
-    """The contexts of design `name`, and per group: its context, its sequences, and the
-    adapter to set before each of its decodes (None: leave the context as it is)."""
+    """The contexts of design `name`, and per group: its context, its sequences, and
+    `("set", adapter)` when that adapter (None: the base) is set before each of its
+    decodes, else None (the context keeps what it has)."""
     n_sets, per_set = len(prompts), len(prompts[0])
     if name == "context-per-set":
         contexts = [make_context(model, per_set, args.ctx, args.threads) for _ in adapters]
@@ -293,11 +293,11 @@ def format_markdown(report: dict[str, Any]) -> str:
         "| design | prefill s | decode s | decode tok/s | total tok/s | context RSS MB |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    fmt: Callable[[dict[str, Any]], str] = lambda r: (  # noqa: E731
+    lines += [
         f"| {r['design']} | {r['prefill_s']} | {r['decode_s']} | {r['decode_tok_s']} | "
         f"{r['total_tok_s']} | {r['context_rss_mb']} |"
-    )
-    lines += [fmt(r) for r in report["rows"]]
+        for r in report["rows"]
+    ]
     return "\n".join(lines)
 
 
