@@ -66,6 +66,10 @@ class _Generation:
         self.span: trace.Span | None = None
         self.stream_span: trace.Span | None = None
         self.finish: FinishReason | None = None
+        metrics = telemetry.metrics
+        # NOTE: the labelled children are looked up once, not at every token.
+        self.itl = metrics.itl.labels(model) if metrics is not None else None
+        self.tokens = metrics.generation_tokens.labels(model) if metrics is not None else None
 
     def start_span(self, request: AddRequest) -> AddRequest:
         """With tracing on: open the generate span and carry its context to the worker."""
@@ -108,11 +112,11 @@ class _Generation:
                 self.stream_span = self.telemetry.tracer.start_span(
                     "inferflux.stream", context=trace.set_span_in_context(self.span)
                 )
-        elif metrics is not None:
-            metrics.itl.labels(self.model).observe(now - self.last_token_at)
+        elif self.itl is not None:
+            self.itl.observe(now - self.last_token_at)
         self.last_token_at = now
-        if metrics is not None:
-            metrics.generation_tokens.labels(self.model).inc(num_tokens)
+        if self.tokens is not None:
+            self.tokens.inc(num_tokens)
 
     def _on_finish(self, delta: RequestDelta) -> None:
         self.finish = delta.finish_reason

@@ -89,7 +89,8 @@ class Telemetry:
         metrics = self.metrics
         if metrics is None:
             return
-        metrics.prefill_tokens.inc(step.num_prompt_tokens)
+        if step.num_prompt_tokens:
+            metrics.prefill_tokens.inc(step.num_prompt_tokens)
         for exec_s, num_seqs, num_tokens in zip(
             step.step_exec_s, step.step_num_seqs, step.step_num_tokens, strict=True
         ):

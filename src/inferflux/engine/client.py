@@ -5,9 +5,11 @@ receive loop that dispatches every `StepOutputs` delta to its request's asyncio.
 and a watchdog that notices a dead worker within `_WATCHDOG_S`, fails its in-flight
 requests with EngineDeadError, and starts a replacement. Does not own: engine logic.
 
-Sockets: the API binds one PULL socket for all worker output and one PUSH socket per
-worker generation (a replacement gets a fresh address, so nothing queued for the dead
-worker reaches the new one).
+Channels: every worker connects to one Unix stream socket the API listens on and sends
+its output there as length-prefixed frames (frames.py: the event loop reads them
+directly, with no I/O threads in between). The API sends requests over one ZeroMQ PUSH
+socket per worker generation (a replacement gets a fresh address, so nothing queued for
+the dead worker reaches the new one).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from inferflux.config.settings import Settings
+from inferflux.engine.frames import FrameReader
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -69,7 +71,7 @@ _RESUBMIT_WAIT_S = 30.0
 class _Worker:
     worker_id: int
     generation: int = 0
-    socket: zmq.asyncio.Socket | None = None
+    socket: zmq.Socket[bytes] | None = None
     process: mp.process.BaseProcess | None = None
     thread: threading.Thread | None = None
     pid: int | None = None
@@ -97,9 +99,9 @@ class WorkerPoolClient:
         self._workers = [_Worker(worker_id=i) for i in range(settings.runtime.workers)]
         self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], _Worker]] = {}
         self._embeds: dict[str, tuple[asyncio.Future[EmbedResult], _Worker]] = {}
-        self._zmq = zmq.asyncio.Context()
+        self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._ipc_dir = ""
-        self._output: zmq.asyncio.Socket | None = None
+        self._output: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._backpressure = False
@@ -112,14 +114,12 @@ class WorkerPoolClient:
 
     async def start(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="inferflux-ipc-")
-        self._output = self._zmq.socket(zmq.PULL)
-        self._output.bind(f"ipc://{self._ipc_dir}/out")
+        self._output = await asyncio.get_running_loop().create_unix_server(
+            lambda: FrameReader(self._on_output), path=self._output_path()
+        )
         for worker in self._workers:
             self._spawn(worker)
-        self._tasks = [
-            asyncio.create_task(self._receive_loop(), name="engine-receive"),
-            asyncio.create_task(self._watchdog(), name="engine-watchdog"),
-        ]
+        self._tasks = [asyncio.create_task(self._watchdog(), name="engine-watchdog")]
         await self._wait_first_ready()
 
     async def _wait_first_ready(self) -> None:
@@ -147,7 +147,7 @@ class WorkerPoolClient:
             if worker.socket is not None:
                 worker.socket.close(linger=0)
         if self._output is not None:
-            self._output.close(linger=0)
+            self._output.close()
         self._zmq.term()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
@@ -272,7 +272,7 @@ class WorkerPoolClient:
         if worker.socket is None:
             raise EngineDeadError("the engine worker is not running")
         try:
-            await worker.socket.send(data, zmq.NOBLOCK)
+            worker.socket.send(data, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             worker.ready = False  # the watchdog restarts it once the process is gone
             raise EngineDeadError(f"the engine worker is unreachable: {exc}") from None
@@ -282,26 +282,25 @@ class WorkerPoolClient:
             with contextlib.suppress(EngineDeadError):
                 await self._send(worker, encode(AbortRequests([request_id])))
 
-    async def _receive_loop(self) -> None:
-        assert self._output is not None
-        while True:
-            message = decode_output(await self._output.recv())
-            worker = self._workers[message.worker_id]
-            if message.generation != worker.generation:
-                continue  # from a worker that has been replaced
-            if isinstance(message, StepOutputs):
-                worker.stats = message.stats
-                if message.step is not None:
-                    self._observe_step(worker.worker_id, message.step)
-                self._dispatch(message.deltas)
-            elif isinstance(message, WorkerReady):
-                worker.ready, worker.pid, worker.failed = True, message.pid, None
-                worker.load_s = message.load_s
-                logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
-            elif isinstance(message, WorkerFailed):
-                worker.failed = message.message
-            elif isinstance(message, EmbedResult):
-                self._resolve_embed(message)
+    def _on_output(self, data: bytes) -> None:
+        """One message from a worker's output channel (called by the event loop)."""
+        message = decode_output(data)
+        worker = self._workers[message.worker_id]
+        if message.generation != worker.generation:
+            return  # from a worker that has been replaced
+        if isinstance(message, StepOutputs):
+            worker.stats = message.stats
+            if message.step is not None:
+                self._observe_step(worker.worker_id, message.step)
+            self._dispatch(message.deltas)
+        elif isinstance(message, WorkerReady):
+            worker.ready, worker.pid, worker.failed = True, message.pid, None
+            worker.load_s = message.load_s
+            logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
+        elif isinstance(message, WorkerFailed):
+            worker.failed = message.message
+        elif isinstance(message, EmbedResult):
+            self._resolve_embed(message)
 
     def _observe_step(self, worker_id: int, step: StepStats) -> None:
         """Hand a step's stats to the observers (before its deltas, so an admission is
@@ -429,6 +428,9 @@ class WorkerPoolClient:
         worker.process.start()
         worker.pid = worker.process.pid
 
+    def _output_path(self) -> str:
+        return os.path.join(self._ipc_dir, "out.sock")
+
     def _worker_config(self, worker: _Worker, input_address: str) -> WorkerConfig:
         return worker_config(
             self.settings,
@@ -436,7 +438,7 @@ class WorkerPoolClient:
             worker_id=worker.worker_id,
             generation=worker.generation,
             input_address=input_address,
-            output_address=f"ipc://{self._ipc_dir}/out",
+            output_address=self._output_path(),
             exit_with_parent=not self._in_process,
         )
 

@@ -1,4 +1,4 @@
-"""The worker loop: drive `EngineCore.step()` and move messages over ZeroMQ.
+"""The worker loop: drive `EngineCore.step()`, take messages over ZeroMQ, send frames.
 
 Owns: building the engine from a picklable `WorkerConfig`, the receive → step → send
 loop, and exiting when the API process is gone. Does not own: any engine logic (core.py).
@@ -30,6 +30,7 @@ from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
 from inferflux.engine.core import EngineCore
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
+from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -223,21 +224,23 @@ class _ApiGone(Exception):
 
 
 class _Outbox:
-    """The worker's output socket.
+    """The worker's output: one frame per message over the Unix socket the API listens
+    on (frames.py).
 
-    NOTE: a PUSH socket whose reader died blocks `send` forever, which would leave an
-    orphaned worker holding the model and KV cache. Sends time out every second; the worker
-    retries while the API process lives and gives up (exits) once it is gone or has not
-    read anything for `_SEND_GIVE_UP_S`. Every send also checks the parent first: the
-    socket queues up to its high-water mark (1000 messages, one per step) for a peer that
-    might reconnect, which on a loaded CPU is a minute of generating for nobody.
+    NOTE: a writer whose reader stalls would block forever and leave an orphaned worker
+    holding the model and KV cache. `FrameWriter` waits in one-second polls, asks
+    `orphaned()` at each, and gives up once the API process is gone or has not read
+    anything for `_SEND_GIVE_UP_S`. Every send also checks the parent first, so a worker
+    whose API died exits at its next step instead of generating for nobody.
     """
 
-    def __init__(self, socket: zmq.Socket[bytes], exit_with_parent: bool) -> None:
-        self.socket = socket
-        self.socket.setsockopt(zmq.SNDTIMEO, 1000)
+    def __init__(self, path: str, exit_with_parent: bool) -> None:
         self.exit_with_parent = exit_with_parent
         self.parent_pid = os.getppid()
+        try:
+            self.writer = FrameWriter(path, self.orphaned, give_up_s=_SEND_GIVE_UP_S)
+        except OSError as exc:
+            raise _ApiGone(f"cannot reach the API process at {path}: {exc}") from None
 
     def orphaned(self) -> bool:
         return self.exit_with_parent and os.getppid() != self.parent_pid
@@ -245,33 +248,29 @@ class _Outbox:
     def send(self, message: EngineOutput) -> None:
         if self.orphaned():  # one getppid() syscall
             raise _ApiGone("the API process is gone")
-        data = encode(message)
-        deadline = time.monotonic() + _SEND_GIVE_UP_S
-        while True:
-            try:
-                self.socket.send(data)
-                return
-            except zmq.Again:
-                if self.orphaned() or time.monotonic() > deadline:
-                    raise _ApiGone("the API process no longer reads worker output") from None
+        try:
+            self.writer.send(encode(message))
+        except ChannelClosed as exc:
+            raise _ApiGone(str(exc)) from None
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) -> None:
-    output = zmq_context.socket(zmq.PUSH)
-    output.setsockopt(zmq.LINGER, 2000)
-    output.connect(config.output_address)
     inputs = zmq_context.socket(zmq.PULL)
     inputs.setsockopt(zmq.LINGER, 0)
     inputs.connect(config.input_address)
-    outbox = _Outbox(output, config.exit_with_parent)
     try:
-        _load_and_serve(config, inputs, outbox)
+        outbox = _Outbox(config.output_address, config.exit_with_parent)
+        try:
+            _load_and_serve(config, inputs, outbox)
+        finally:
+            outbox.close()
     except _ApiGone as exc:
         logger.warning("worker %d exits: %s", config.worker_id, exc)
-        output.setsockopt(zmq.LINGER, 0)
     finally:
         inputs.close()
-        output.close()
 
 
 def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Outbox) -> None:
