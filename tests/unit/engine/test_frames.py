@@ -116,25 +116,20 @@ def test_writer_raises_once_the_reader_closed(tmp_path: Path) -> None:
     server.close()
 
 
-def test_writer_gives_up_on_a_reader_that_stopped_reading(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("reader_gone", "give_up_s"),
+    [(True, 30.0), (False, 0.2)],
+    ids=["reader-process-gone", "deadline-passed"],
+)
+def test_writer_gives_up_on_a_reader_that_stopped_reading(
+    tmp_path: Path, reader_gone: bool, give_up_s: float
+) -> None:
+    """Accepted, never read: the writer stops once `gone()` says so, or at its deadline
+    even while the reader lives."""
     server, path = _listener(tmp_path)
-    gone = threading.Event()
-    writer = FrameWriter(path, gone=gone.is_set, poll_s=0.05)
-    conn, _ = server.accept()  # accepted, never read
-    gone.set()
-    with pytest.raises(ChannelClosed, match="too long"):
-        for _ in range(1000):
-            writer.send(os.urandom(100_000))
-    writer.close()
-    conn.close()
-    server.close()
-
-
-def test_writer_gives_up_after_its_deadline_even_if_the_reader_lives(tmp_path: Path) -> None:
-    server, path = _listener(tmp_path)
-    writer = FrameWriter(path, gone=lambda: False, poll_s=0.05, give_up_s=0.2)
+    writer = FrameWriter(path, gone=lambda: reader_gone, poll_s=0.05, give_up_s=give_up_s)
     conn, _ = server.accept()
-    with pytest.raises(ChannelClosed):
+    with pytest.raises(ChannelClosed, match="too long"):
         for _ in range(1000):
             writer.send(os.urandom(100_000))
     writer.close()
