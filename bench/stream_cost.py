@@ -4,7 +4,8 @@ Starts `inferflux serve` (one worker, the default model unless --model), streams
 `--requests` greedy chat completions of `--max-tokens` tokens one after another
 (`ignore_eos`, so every request makes all of them), and reads every thread of the API
 process and of its worker from /proc before and after: CPU ms, voluntary and involuntary
-context switches, per streamed token. Linux only.
+context switches, per generated token (counted from the usage, so `--stream-interval N`,
+which runs the server with `scheduler.stream_interval` N, is comparable). Linux only.
 
 On a machine whose cores llama.cpp's threads fill, every wake-up of another thread
 preempts a decode thread: the worker's `invol/token` (its llama.cpp threads preempted)
@@ -103,16 +104,19 @@ def _worker_pid(api_pid: int) -> int:
     return max(children, key=lambda pid: len(list(Path(f"/proc/{pid}/task").iterdir())))
 
 
-def stream(client: httpx.Client, url: str, body: dict[str, object]) -> int:
-    """Stream one completion; the number of chunks with text received (one per token)."""
-    chunks = 0
+def stream(client: httpx.Client, url: str, body: dict[str, object]) -> tuple[int, int]:
+    """Stream one completion: (tokens generated, from its usage; events with text)."""
+    tokens = events = 0
     with client.stream("POST", url, json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                for choice in json.loads(line[6:]).get("choices", []):
-                    chunks += 1 if choice.get("delta", {}).get("content") else 0
-    return chunks
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    events += 1 if choice.get("delta", {}).get("content") else 0
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    return tokens, events
 
 
 def _report(label: str, result: dict[str, object]) -> None:
@@ -135,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads of the worker")
+    p.add_argument(
+        "--stream-interval", type=int, default=1, help="scheduler.stream_interval of the server"
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    env = {"INFERFLUX_RUNTIME__N_THREADS": str(args.threads)}
+    env = {
+        "INFERFLUX_RUNTIME__N_THREADS": str(args.threads),
+        "INFERFLUX_SCHEDULER__STREAM_INTERVAL": str(args.stream_interval),
+    }
     server = start_server(args.port, ["--model", args.model] if args.model else [], env)
     try:
         worker = _worker_pid(server.pid)
@@ -150,27 +160,31 @@ def main(argv: list[str] | None = None) -> int:
             "temperature": 0,
             "stream": True,
             "ignore_eos": True,
+            "stream_options": {"include_usage": True},
         }
         with httpx.Client(timeout=300) as client:
             stream(client, url, {**body, "max_tokens": 8})  # warm up
             before = {pid: thread_samples(pid) for pid in (server.pid, worker)}
             started = time.perf_counter()
-            tokens = sum(stream(client, url, body) for _ in range(args.requests))
+            results = [stream(client, url, body) for _ in range(args.requests)]
             wall_s = time.perf_counter() - started
             after = {pid: thread_samples(pid) for pid in (server.pid, worker)}
     finally:
         server.terminate()
         server.wait(30)
+    tokens = sum(t for t, _ in results)
+    events = sum(e for _, e in results)
     if tokens == 0:
         raise SystemExit("no tokens were streamed")
     api = per_token(before[server.pid], after[server.pid], tokens)
     engine = per_token(before[worker], after[worker], tokens)
-    print(f"{tokens} tokens in {wall_s:.2f} s: {tokens / wall_s:.1f} tok/s")
+    print(f"{tokens} tokens ({events} events) in {wall_s:.2f} s: {tokens / wall_s:.1f} tok/s")
     _report("api", api)
     _report("worker", engine)
     if args.json is not None:
         report = {
             "tokens": tokens,
+            "events": events,
             "wall_s": wall_s,
             "api": api,
             "worker": engine,

@@ -48,6 +48,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
+from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging
 from inferflux.observability.tracing import get_tracer, make_tracer_provider
@@ -323,6 +324,7 @@ class _WorkerLoop:
         self.config = config
         self.embeds = embeds
         self.spans = spans  # None when tracing is off
+        self.stream = StreamBuffer(config.scheduling.stream_interval)
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
 
@@ -372,6 +374,10 @@ class _WorkerLoop:
     def _send(self, deltas: list[RequestDelta]) -> None:
         """One StepOutputs with these deltas and the step stats since the last one; nothing
         when there is neither (an idle loop turn)."""
+        produced = bool(deltas)
+        deltas = self.stream.take(deltas)
+        if produced and not deltas:
+            return  # all held back (stream_interval): the stats go with the next message
         step = self.core.take_step_stats()
         if not deltas and step is None:
             return
