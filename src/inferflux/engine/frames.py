@@ -11,7 +11,8 @@ ZeroMQ send goes through two background I/O threads (the worker's and the API's)
 the event loop sees it. On a machine whose cores llama.cpp's threads already fill, each
 of those wake-ups preempts a decode thread; a plain stream socket wakes only the event
 loop, whose transport calls `FrameReader.data_received` directly (no futures, no
-`zmq.asyncio` polling). Measured in BENCHMARKS.md "The output channel".
+`zmq.asyncio` polling). Measured in BENCHMARKS.md, "CPU (issue 10), second pass: the
+worker → API output channel".
 """
 
 from __future__ import annotations

@@ -45,28 +45,20 @@ class StreamBuffer:
     def __init__(self, interval: int) -> None:
         self.interval = interval
         self._held: dict[str, RequestDelta] = {}
-        self._started: set[str] = set()  # requests whose first delta went out
 
     def take(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         if self.interval <= 1:
             return deltas
         out: list[RequestDelta] = []
         for produced in deltas:
-            request_id = produced.request_id
-            held = self._held.pop(request_id, None)
+            held = self._held.pop(produced.request_id, None)
             delta = produced if held is None else merge_deltas(held, produced)
-            if held is None and request_id not in self._started:
-                if delta.finish_reason is None:
-                    self._started.add(request_id)
-                out.append(delta)  # the first token, at once
-                continue
-            if delta.finish_reason is not None:
-                self._started.discard(request_id)
-                out.append(delta)
-            elif len(delta.token_ids) >= self.interval:
+            # NOTE: its tokens are all it ever made: nothing was sent yet (the first token)
+            first = delta.num_output_tokens <= len(delta.token_ids)
+            if first or delta.finish_reason is not None or len(delta.token_ids) >= self.interval:
                 out.append(delta)
             else:
-                self._held[request_id] = delta
+                self._held[produced.request_id] = delta
         return out
 
     @property

@@ -1,0 +1,103 @@
+"""The worker's `_send` with `scheduler.stream_interval`: a step whose tokens were all held
+back sends no message, and its step stats go with the next one. Pure logic: the engine
+core and the outbox are fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
+from inferflux.engine.backends.llama_cpp import ContextConfig
+from inferflux.engine.messages import (
+    EngineOutput,
+    EngineStats,
+    FinishReason,
+    RequestDelta,
+    StepOutputs,
+    StepStats,
+)
+from inferflux.engine.worker import WorkerConfig, _WorkerLoop
+
+
+class FakeCore:
+    """Counts the steps it ran since stats were last taken; nothing else."""
+
+    def __init__(self) -> None:
+        self.steps_since_take = 0
+
+    def take_step_stats(self) -> StepStats | None:
+        steps, self.steps_since_take = self.steps_since_take, 0
+        return StepStats(step_exec_s=[0.01] * steps) if steps else None
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+class FakeOutbox:
+    """Records what the worker sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[EngineOutput] = []
+
+    def send(self, message: EngineOutput) -> None:
+        self.sent.append(message)
+
+
+@pytest.fixture
+def inputs() -> Iterator[zmq.Socket[bytes]]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socket = context.socket(zmq.PULL)
+    yield socket
+    socket.close(linger=0)
+    context.term()
+
+
+def _loop(inputs: zmq.Socket[bytes], interval: int) -> tuple[_WorkerLoop, FakeCore, FakeOutbox]:
+    config = WorkerConfig(
+        worker_id=0,
+        generation=1,
+        input_address="",
+        output_address="",
+        context=ContextConfig("unused.gguf", 512, 1, 64, 1, 1, False),
+        max_num_seqs=1,
+        max_batch_tokens=64,
+        observability=ObservabilitySettings(),
+        scheduling=SchedulerSettings(stream_interval=interval),
+    )
+    core, outbox = FakeCore(), FakeOutbox()
+    loop = _WorkerLoop(core, inputs, outbox, config, embeds=None)  # type: ignore[arg-type]
+    return loop, core, outbox
+
+
+def _token(n: int) -> RequestDelta:
+    return RequestDelta(request_id="r", text=f"t{n}", token_ids=[n], num_output_tokens=n)
+
+
+def _step(loop: _WorkerLoop, core: FakeCore, delta: RequestDelta) -> None:
+    core.steps_since_take += 1
+    loop._send([delta])
+
+
+def test_held_steps_send_nothing_and_their_stats_travel_with_the_next_message(
+    inputs: zmq.Socket[bytes],
+) -> None:
+    loop, core, outbox = _loop(inputs, interval=3)
+    for n in range(1, 5):  # the first token at once, then 2, 3, 4 in one chunk
+        _step(loop, core, _token(n))
+    last = _token(5)
+    last.finish_reason = FinishReason.LENGTH
+    _step(loop, core, last)
+    messages = [m for m in outbox.sent if isinstance(m, StepOutputs)]
+    assert [[d.token_ids for d in m.deltas] for m in messages] == [[[1]], [[2, 3, 4]], [[5]]]
+    # every step's stats arrive, each exactly once
+    assert [len(m.step.step_exec_s) for m in messages if m.step] == [1, 3, 1]
+
+
+def test_interval_one_sends_every_step(inputs: zmq.Socket[bytes]) -> None:
+    loop, core, outbox = _loop(inputs, interval=1)
+    for n in range(1, 4):
+        _step(loop, core, _token(n))
+    assert len(outbox.sent) == 3
