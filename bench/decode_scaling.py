@@ -19,7 +19,7 @@ import time
 
 from inferflux.engine.backends.base import SamplerSpec
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
-from inferflux.engine.model_files import default_model_path
+from inferflux.models.files import default_model_path
 
 GREEDY = SamplerSpec(0.0, 1.0, 0, 0.0, 1, 1.0, 0.0, 0.0, 64, (), True)
 PROMPT = list(range(200, 400))

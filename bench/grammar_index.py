@@ -10,7 +10,7 @@ import resource
 import time
 
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
-from inferflux.engine.model_files import default_model_path
+from inferflux.models.files import default_model_path
 
 
 def _rss_mb() -> float:

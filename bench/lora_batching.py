@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.integration.model_registry_setup import write_lora  # noqa: E402
 
-from inferflux.engine.model_files import default_model_path  # noqa: E402
+from inferflux.models.files import default_model_path  # noqa: E402
 
 Ctx = Any  # llama_context*
 _QUIET = ll.llama_log_callback(lambda *_: None)  # NOTE: llama.cpp keeps the pointer: keep it alive

@@ -58,7 +58,7 @@ from tests.integration.model_registry_setup import (  # noqa: E402
     write_lora,
 )
 
-from inferflux.engine.model_files import default_model_path  # noqa: E402
+from inferflux.models.files import default_model_path  # noqa: E402
 
 
 @dataclass

@@ -17,7 +17,7 @@ import time
 import llama_cpp as ll
 import numpy as np
 
-from inferflux.engine.model_files import default_model_path
+from inferflux.models.files import default_model_path
 
 _QUIET = ll.llama_log_callback(lambda *_: None)  # NOTE: llama.cpp keeps the pointer
 

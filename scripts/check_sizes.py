@@ -1,4 +1,4 @@
-"""Fail when a module or function outgrows STYLE.md's limits (800 lines, 80-line functions)."""
+"""Fail when a module or function outgrows the project's limits (800 lines, 80-line functions)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import llama_cpp as ll
 
 from compare.servers import Model
 from inferflux.engine.chat_template import GEMMA_TEMPLATE, fallback_template
-from inferflux.engine.model_files import default_model_path
+from inferflux.models.files import default_model_path
 
 MODELS = ("smollm2", "gemma3")
 # llama.cpp logs every metadata key of a load to stderr; these loads are silent

@@ -7,13 +7,14 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from inferflux.api.model_slot import ModelSlot, build_serving
 from inferflux.api.observed_engine import ObservedEngine
 from inferflux.api.telemetry import Telemetry, make_telemetry
 from inferflux.config.settings import Settings
-from inferflux.engine.model_spec import ModelSpec
 from inferflux.engine.protocol import EngineClient, ModelInfo
 from inferflux.errors import ModelLoadError
+from inferflux.models.resident import ResidentModel, build_serving
+from inferflux.models.serving import ClientEngine, ServedEngine
+from inferflux.models.spec import ModelSpec
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 
 
@@ -29,10 +30,10 @@ class FakeModelLoader:
         self.loads: list[str] = []
         self.engines: dict[str, FakeEngineClient] = {}  # by path name
 
-    def _observe(self, engine: EngineClient, tokenizer: object, info: ModelInfo) -> EngineClient:
-        return ObservedEngine(engine, self.telemetry, info.model_id)
+    def _observe(self, engine: EngineClient, tokenizer: object, info: ModelInfo) -> ServedEngine:
+        return ObservedEngine(ClientEngine(engine), self.telemetry, info.model_id)
 
-    def slot(self, spec: ModelSpec) -> ModelSlot:
+    def slot(self, spec: ModelSpec) -> ResidentModel:
         info = dataclasses.replace(
             fake_model_info(),
             model_id=spec.model_id,
@@ -46,9 +47,9 @@ class FakeModelLoader:
         engine = FakeEngineClient(pieces=[name])
         self.engines[name] = engine
         serving = build_serving(self.settings, engine, FakeTokenizer(), info, self._observe)
-        return ModelSlot(spec, serving, load_s=0.01)
+        return ResidentModel(spec, serving, load_s=0.01)
 
-    async def load(self, spec: ModelSpec) -> ModelSlot:
+    async def load(self, spec: ModelSpec) -> ResidentModel:
         if self.gate is not None:
             await self.gate.wait()
         name = Path(spec.adapters[-1].path).name if spec.adapters else spec.path.name

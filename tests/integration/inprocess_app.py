@@ -11,7 +11,8 @@ from fastapi import FastAPI
 
 from inferflux.api import create_app
 from inferflux.config.settings import Settings
-from inferflux.engine import load_served_model, make_engine_client
+from inferflux.engine import make_engine_client
+from inferflux.models.files import load_served_model
 
 
 @asynccontextmanager

@@ -18,8 +18,9 @@ from pathlib import Path
 import opa_eval
 import redis
 
+from inferflux.security.context import context_of
 from inferflux.security.policy import Policy
-from inferflux.security.principal import ALL_SCOPES, Principal, principal_var, set_principal
+from inferflux.security.principal import ALL_SCOPES, Principal
 from tests.integration.server_process import free_port
 
 PRINCIPAL_HEADER = b"x-test-principal"
@@ -59,12 +60,8 @@ class ActAsMiddleware:
             return
         subject, _, tenant = value.decode().partition("@")
         principal = Principal(subject, "api_key", tenant or "default", ALL_SCOPES)
-        set_principal(scope, principal)
-        token = principal_var.set(principal)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            principal_var.reset(token)
+        context_of(scope).principal = principal
+        await self.app(scope, receive, send)
 
 
 class RedisServer:

@@ -2,7 +2,7 @@
 the engine client in-process, and a worker killed mid-request.
 
 Vectors come from llama.cpp (mean pooling over SmolLM2's hidden states, L2-normalized).
-Batching changes kernels slightly (ENGINE_NOTES.md), so batched vs alone uses tolerances.
+Batching changes kernels slightly (docs/engine-notes.md), so batched vs alone uses tolerances.
 The worker-kill test starts a server of its own (killing the shared one's worker would
 race other tests).
 """
@@ -24,10 +24,11 @@ import pytest
 from fastapi import FastAPI
 from openai import OpenAI
 
+from inferflux.api.state import app_state
 from inferflux.config.loader import load_settings
-from inferflux.engine import load_served_model
 from inferflux.engine.messages import AddRequest, FinishReason, SamplingParams
 from inferflux.engine.protocol import EngineClient, Tokenizer
+from inferflux.models.files import load_served_model
 from tests.integration.server_process import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
@@ -211,9 +212,9 @@ async def test_engine_client_interleaves_embeddings_with_running_generations(
 ) -> None:
     """EngineClient.embed while generations run: everything completes, and the embeddings
     finish before the generations (they do not wait for the batch to drain)."""
-    # Under the security wrapper (GuardedEngine needs a request's principal): the engine
-    # client as the observed routes see it.
-    engine: EngineClient = inprocess_app.state.serving.engine.engine
+    # The engine client itself: the wrappers around it need a request's context.
+    served = app_state(inprocess_app).models.default_serving().engine
+    engine: EngineClient = served.inner.inner.client  # Guarded → Observed → ClientEngine
     prompt = tokenizer.tokenize("Once upon a time", add_special=True, parse_special=True)
     sampling = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     finished_at: list[float] = []

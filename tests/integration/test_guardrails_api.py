@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from inferflux.api.state import app_state
 from inferflux.security.policy import GuardrailPolicy
 from tests.integration.security_support import OpaServer
 from tests.integration.server_process import free_port
@@ -45,7 +46,7 @@ async def test_a_blocked_prompt_is_refused_before_queuing(secured):
             "/api/chat",
             headers=act_as(),
             json={
-                "model": secured.app.state.serving.model_info.model_id,
+                "model": app_state(secured.app).models.default_serving().model_info.model_id,
                 "messages": [{"role": "user", "content": "launch codes?"}],
             },
         )
@@ -118,7 +119,7 @@ async def test_blocked_output_non_streaming_and_ollama_done_reason(secured):
             "/api/generate",
             headers=act_as(),
             json={
-                "model": secured.app.state.serving.model_info.model_id,
+                "model": app_state(secured.app).models.default_serving().model_info.model_id,
                 "prompt": "Describe ocean waves.",
                 "options": {"num_predict": 80, "temperature": 0},
             },

@@ -11,6 +11,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from inferflux.api.state import app_state
+
 pytestmark = pytest.mark.model
 
 USER = [{"role": "user", "content": "Name three fruits."}]
@@ -63,7 +65,7 @@ async def test_streamed_chat_equals_non_streamed(api_client: httpx.AsyncClient) 
 async def test_completion_with_token_ids(
     api_client: httpx.AsyncClient, inprocess_app: FastAPI
 ) -> None:
-    tokenizer = inprocess_app.state.serving.tokenizer
+    tokenizer = app_state(inprocess_app).models.default_serving().tokenizer
     prompt_ids = tokenizer.tokenize(
         "The capital of France is", add_special=True, parse_special=True
     )

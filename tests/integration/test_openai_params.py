@@ -2,7 +2,7 @@
 the official `openai` SDK where it has the parameter, raw httpx where it does not.
 
 Greedy outputs are compared only between runs with the same batch shape (same n), since
-batched decoding is not bit-identical to decoding alone (shared/ENGINE_NOTES.md).
+batched decoding is not bit-identical to decoding alone (docs/engine-notes.md).
 """
 
 from __future__ import annotations

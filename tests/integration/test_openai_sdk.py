@@ -12,8 +12,8 @@ import pytest
 from openai import OpenAI
 
 from inferflux.config.loader import load_settings
-from inferflux.engine import load_served_model
 from inferflux.engine.protocol import Tokenizer
+from inferflux.models.files import load_served_model
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 

@@ -1,16 +1,18 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
-Middleware, outer to inner: request id → telemetry (latency metrics, the HTTP span) →
-CORS → audit → authentication → rate limit (DESIGN.md §4; `api/security_stack.py`) →
-body-size limit → catch-all 500 → FastAPI's exception handlers → routes.
+Middleware, outer to inner: request id (the request's `RequestContext`) → telemetry
+(latency metrics, the HTTP span) → CORS → audit → authentication → rate limit
+(`api/security_layer.py`) → body-size limit → catch-all 500 → FastAPI's exception
+handlers → routes.
 
 Every router is included with the scope its routes need (`_ROUTERS`); only the health
 probes (and /metrics when public) have none, and a test fails any route that lacks one.
-Routes see each model's engine as `GuardedEngine(ObservedEngine(engine))`: security policy
-(tenant cache namespace, token limits, guardrails, audit record) outside, observation
-inside (a request refused by policy never reaches the metrics of generations). The models
-themselves (the default one, the registry's others, hot swap) belong to the
-`ModelManager` on `app.state.models`; `app.state.serving` is the default model's state.
+The API sees each model's engine as `GuardedEngine(ObservedEngine(engine))`: security
+policy (tenant cache namespace, token limits, guardrails, the request's record) outside,
+observation inside (a request refused by policy never reaches the metrics of
+generations). The models themselves (the default one, the catalog's others, hot swap)
+belong to the `ModelHub`; everything the app holds is one typed `AppState`
+(`api/state.py`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,10 @@ from inferflux import __version__
 from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
-from inferflux.api.deps import ServingState
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
+from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
-from inferflux.api.model_loader import EngineFactory, EngineModelLoader
-from inferflux.api.model_manager import ModelManager
-from inferflux.api.model_slot import EngineWrapper, ModelSlot, build_serving, system_fingerprint
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
@@ -48,15 +47,25 @@ from inferflux.api.ollama import models as ollama_models
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
-from inferflux.api.security_setup import SecurityLayer, make_security_layer
-from inferflux.api.security_stack import SecurityState, build_security, install_security
+from inferflux.api.security_layer import (
+    SecurityLayer,
+    SecurityState,
+    build_security,
+    install_security,
+    make_security_layer,
+)
+from inferflux.api.state import AppState, app_state, attach_state
 from inferflux.api.telemetry import Telemetry, TelemetryMiddleware, make_telemetry
 from inferflux.config.settings import Settings
 from inferflux.engine.client import make_engine_client
-from inferflux.engine.model_registry import RegistryPlan, single_model_plan
-from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
 from inferflux.errors import InferfluxError
+from inferflux.models.catalog import Catalog, single_model_catalog
+from inferflux.models.hub import ModelHub
+from inferflux.models.loader import EngineFactory, EngineModelLoader
+from inferflux.models.resident import ResidentModel, build_serving, system_fingerprint
+from inferflux.models.serving import ClientEngine, EngineWrapper, ServedEngine
+from inferflux.models.spec import model_settings
 from inferflux.security.policy import PolicySource
 from inferflux.security.principal import Scope
 from inferflux.security.rbac import require_scope
@@ -65,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["create_app", "system_fingerprint"]
 
-# Every router and the scope its routes need (None: public, see `security_stack`).
+# Every router and the scope its routes need (None: public, see `security_layer`).
 _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (health.router, None),
     (stats.router, Scope.READ),
@@ -97,13 +106,13 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
     security: SecurityState | None = None,
     policy_source: PolicySource | None = None,
-    registry: RegistryPlan | None = None,
+    catalog: Catalog | None = None,
     engines: EngineFactory = make_engine_client,
 ) -> FastAPI:
     """The InferFlux HTTP app. Its lifespan starts the models' engines and stops them.
 
     `engine`, `tokenizer` and `model_info` are the default model's (its engine not started
-    yet); `registry` lists the other models and where new ones may come from (None: the
+    yet); `catalog` lists the other models and where new ones may come from (None: the
     default model alone, admin loads resolving in its folder); `engines` builds the engine
     client of every model loaded later. `tracer_provider` replaces the one
     `observability.tracing` describes (tests). `security` is built from `settings` when
@@ -114,29 +123,27 @@ def create_app(
     be read.
     """
     app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
-    plan = registry or single_model_plan(
+    catalog = catalog or single_model_catalog(
         settings, Path(model_info.path), model_info.model_id, model_info.aliases
     )
-    models: ModelManager | None = None
+    models: ModelHub | None = None
     telemetry = make_telemetry(
         settings, lambda: models.workers() if models else [], model_info, tracer_provider
     )
-    app.state.telemetry = telemetry
     access = security or build_security(settings)
     layer = make_security_layer(settings, telemetry.metrics, policy_source or access.policy)
     wrap = _engine_wrapper(telemetry, layer)
     serving = build_serving(
-        model_settings(settings, plan.default), engine, tokenizer, model_info, wrap
+        model_settings(settings, catalog.default), engine, tokenizer, model_info, wrap
     )
-    app.state.serving = serving
-    models = ModelManager(
+    models = ModelHub(
         settings.registry,
-        plan,
-        ModelSlot(plan.default, serving, close=getattr(tokenizer, "close", None)),
+        catalog,
+        ResidentModel(catalog.default, serving, close=getattr(tokenizer, "close", None)),
         EngineModelLoader(settings, wrap, engines),
-        on_default=lambda current: setattr(app.state, "serving", current),
     )
-    app.state.models = models
+    generation = GenerationService(telemetry)
+    attach_state(app, AppState(settings, telemetry, access, layer, models, generation))
     install_error_handlers(app)
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])
@@ -152,9 +159,9 @@ def create_app(
 def _engine_wrapper(telemetry: Telemetry, layer: SecurityLayer) -> EngineWrapper:
     """How every model's engine is seen by the routes: observed, then guarded."""
 
-    def wrap(engine: EngineClient, tokenizer: Tokenizer, model_info: ModelInfo) -> EngineClient:
+    def wrap(engine: EngineClient, tokenizer: Tokenizer, model_info: ModelInfo) -> ServedEngine:
         return GuardedEngine(
-            ObservedEngine(engine, telemetry, model_info.model_id),
+            ObservedEngine(ClientEngine(engine), telemetry, model_info.model_id),
             tokenizer=tokenizer,
             model=model_info.model_id,
             source=layer.source,
@@ -178,37 +185,35 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
     while the default model loads; stop every model's engine on exit."""
-    models: ModelManager = app.state.models
-    app.state.engine_start_error = None
-    logger.info("starting the engine for %s", app.state.serving.model_info.model_id)
-    starting = asyncio.create_task(_start_engine(app, models), name="engine-start")
+    state = app_state(app)
+    state.engine_start_error = None
+    logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
+    starting = asyncio.create_task(_start_engine(state), name="engine-start")
     try:
         yield
     finally:
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting
-        await models.shutdown()
-        await app.state.security_layer.aclose()
-        app.state.telemetry.shutdown()
+        await state.models.shutdown()
+        await state.security_layer.aclose()
+        state.telemetry.shutdown()
 
 
-async def _start_engine(app: FastAPI, models: ModelManager) -> None:
+async def _start_engine(state: AppState) -> None:
     """Wait for the default model's first ready worker (the other models then load in
-    the background). If none can start, record why on `app.state.engine_start_error` and
-    call `app.state.request_shutdown` when the runner set one (`inferflux serve` does, and
-    then exits 1)."""
+    the background). If none can start, record why on `state.engine_start_error` and call
+    `state.request_shutdown` when the runner set one (`inferflux serve` does, and then
+    exits 1)."""
     try:
-        await models.start()
+        await state.models.start()
     except InferfluxError as exc:
-        app.state.engine_start_error = exc.message
+        state.engine_start_error = exc.message
         logger.error("the engine could not start: %s; shutting down", exc.message)
-        request_shutdown = getattr(app.state, "request_shutdown", None)
-        if request_shutdown is not None:
-            request_shutdown()
+        if state.request_shutdown is not None:
+            state.request_shutdown()
         return
-    # NOTE: read from app.state, never kept: a swapped-out model must be collectable
-    serving: ServingState = app.state.serving
+    serving = state.models.default_serving()
     logger.info(
         "ready: serving %s (n_ctx %d, %s chat template)",
         serving.model_info.model_id,

@@ -16,7 +16,7 @@ import time
 
 from fastapi import APIRouter
 
-from inferflux.api.deps import TelemetryDep
+from inferflux.api.state import TelemetryDep
 from inferflux.errors import NotFound
 
 ADMIN_PREFIX = "/debug"

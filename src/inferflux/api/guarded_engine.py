@@ -1,5 +1,6 @@
 """`GuardedEngine`: the engine seam, under the security policy. Every generation and
-embedding, whichever API submitted it, passes through it (DESIGN.md §4).
+embedding, whichever API submitted it, passes through it with the `RequestContext` of
+the HTTP request it serves (its principal, its rate-limit status, its record).
 
 Before anything is queued: the request's prefix-cache namespace becomes its tenant's
 (unless the tenant shares its cache), the input guardrails run on the detokenized prompt
@@ -8,7 +9,7 @@ charged to the token rate limits (RateLimited → 429, nothing queued). While it
 completion tokens are charged as they arrive (in batches, and whatever is left when the
 stream ends, is cancelled or the client disconnects), and the output guardrails scan the
 text; a block ends the stream with finish reason `content_filter`. Throughout it fills
-the request's audit `RequestRecord`.
+the request's `RequestRecord` (counts always; text while the audit log wants it).
 
 Lives in `api/` because it needs both `engine` (the EngineClient it wraps, the tokenizer)
 and `security` (principal, policy, limits, guardrails), which never import each other.
@@ -16,14 +17,16 @@ and `security` (principal, policy, limits, guardrails), which never import each 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio
 import msgspec
 
-from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, StepStats
-from inferflux.engine.protocol import EmbeddingResult, EngineClient, Tokenizer, WorkerStatus
+from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
+from inferflux.engine.protocol import EmbeddingResult, Tokenizer
 from inferflux.errors import InferfluxError, InvalidRequest
+from inferflux.models.serving import ServedEngine, WrappingEngine
+from inferflux.security.context import RequestContext, RequestRecord
 from inferflux.security.guardrails import (
     DecisionContext,
     Guardrails,
@@ -32,13 +35,8 @@ from inferflux.security.guardrails import (
 )
 from inferflux.security.guardrails.chain import redact
 from inferflux.security.policy import PolicySource
-from inferflux.security.principal import Principal, current_principal
-from inferflux.security.rate_limit import RateLimitService, RateLimitStatus, rate_limit_status_var
-from inferflux.security.request_record import (
-    RequestRecord,
-    current_request_record,
-    current_route,
-)
+from inferflux.security.principal import Principal
+from inferflux.security.rate_limit import RateLimitService, RateLimitStatus
 
 _CHARGE_EVERY = 16  # completion tokens charged per limiter call while streaming
 
@@ -67,12 +65,12 @@ class _CompletionMeter:
             await self._limits.charge_completion(self._principal, owed, self._status)
 
 
-class GuardedEngine:
-    """An `EngineClient` that applies the security policy to the one it wraps."""
+class GuardedEngine(WrappingEngine):
+    """A served engine that applies the security policy to the one it wraps."""
 
     def __init__(
         self,
-        engine: EngineClient,
+        inner: ServedEngine,
         *,
         tokenizer: Tokenizer,
         model: str,
@@ -80,45 +78,33 @@ class GuardedEngine:
         limits: RateLimitService | None,
         guardrails: Guardrails | None,
     ) -> None:
-        self.engine = engine
+        super().__init__(inner)
         self.tokenizer = tokenizer
         self.model = model
         self.source = source
         self.limits = limits
         self.guardrails = guardrails
 
-    @property
-    def ready(self) -> bool:
-        return self.engine.ready
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-    async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
-        principal = current_principal()
-        record = current_request_record()
-        status = rate_limit_status_var.get()
+    async def generate(
+        self, request: AddRequest, context: RequestContext
+    ) -> AsyncIterator[RequestDelta]:
+        principal, record, status = context.caller, context.record, context.rate_limit
         request = self._namespaced(request, principal)
         scanner = self._output_scanner(request)
-        token_ids = await self._check_input(request.prompt_token_ids, principal, record)
+        token_ids = await self._check_input(request.prompt_token_ids, context)
         if token_ids is not request.prompt_token_ids:
             request = msgspec.structs.replace(request, prompt_token_ids=token_ids)
         if self.limits is not None:
             await self.limits.charge_prompt(principal, len(token_ids), status)
-        if record is not None:
-            record.model = self.model
-            record.num_prompt_tokens += len(token_ids)
+        record.model = self.model
+        record.num_prompt_tokens += len(token_ids)
         meter = _CompletionMeter(self.limits, principal, status)
-        deltas = self.engine.generate(request)
+        deltas = self.inner.generate(request, context)
         try:
             async for delta in deltas:
                 await meter.update(delta.num_output_tokens)
                 out = self._filter(delta, scanner, record, meter.num_produced)
-                if record is not None:
-                    _record_delta(record, out)
+                _record_delta(record, out)
                 yield out
                 if out.finish_reason is not None:
                     return
@@ -146,35 +132,29 @@ class GuardedEngine:
             )
         return scanner
 
-    async def _check_input(
-        self, token_ids: list[int], principal: Principal, record: RequestRecord | None
-    ) -> list[int]:
+    async def _check_input(self, token_ids: list[int], context: RequestContext) -> list[int]:
         """Run the input guardrails on the prompt's text; the token ids to queue (the
         same list unless redaction changed the text). Raises ContentFiltered (400),
         PolicyDenied (403), PolicyUnavailable (503)."""
-        guardrails = self.guardrails
+        guardrails, record = self.guardrails, context.record
         active = guardrails is not None and guardrails.chain().active
-        if not active and record is None:
+        if not active and not record.keep_text:
             return token_ids
         text = self.tokenizer.detokenize(token_ids)
-        if record is not None:
-            record.prompt_text = text
+        record.set_prompt(text)
         if guardrails is None or not active:
             return token_ids
-        context = DecisionContext(principal, self.model, current_route())
+        decision_context = DecisionContext(context.caller, self.model, context.route)
         try:
-            verdict = await guardrails.check_input(text, context)
+            verdict = await guardrails.check_input(text, decision_context)
         except InferfluxError as exc:
-            if record is not None:
-                record.add_decision(f"guardrail:input:{exc.code}")
+            record.add_decision(f"guardrail:input:{exc.code}")
             raise
-        if record is not None:
-            for decision in verdict.decisions:
-                record.add_decision(decision)
+        for decision in verdict.decisions:
+            record.add_decision(decision)
         if not verdict.redacted:
             return token_ids
-        if record is not None:
-            record.prompt_text = verdict.text
+        record.set_prompt(verdict.text)
         return self._redacted_ids(token_ids, guardrails)
 
     def _redacted_ids(self, token_ids: list[int], guardrails: Guardrails) -> list[int]:
@@ -211,7 +191,7 @@ class GuardedEngine:
         self,
         delta: RequestDelta,
         scanner: OutputScanner | None,
-        record: RequestRecord | None,
+        record: RequestRecord,
         num_produced: int,
     ) -> RequestDelta:
         """`delta` as the client may see it: text scanned (held back, redacted), or the
@@ -221,8 +201,7 @@ class GuardedEngine:
         try:
             text = scanner.feed(delta.text, final=delta.finish_reason is not None)
         except OutputBlocked as blocked:
-            if record is not None:
-                record.add_decision(f"guardrail:{blocked.rule}:block")
+            record.add_decision(f"guardrail:{blocked.rule}:block")
             return RequestDelta(
                 request_id=delta.request_id,
                 finish_reason=FinishReason.CONTENT_FILTER,
@@ -235,27 +214,17 @@ class GuardedEngine:
             return msgspec.structs.replace(delta, text=text, token_ids=[], logprobs=None)
         return msgspec.structs.replace(delta, text=text)
 
-    async def abort(self, request_id: str) -> None:
-        await self.engine.abort(request_id)
-
-    async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
+    async def embed(
+        self, inputs: list[list[int]], context: RequestContext, *, normalize: bool = True
+    ) -> EmbeddingResult:
         """Embeddings pass the input guardrails and count against the token limits."""
-        principal = current_principal()
-        record = current_request_record()
-        checked = [await self._check_input(ids, principal, record) for ids in inputs]
+        checked = [await self._check_input(ids, context) for ids in inputs]
         num_tokens = sum(len(ids) for ids in checked)
         if self.limits is not None:
-            await self.limits.charge_prompt(principal, num_tokens, rate_limit_status_var.get())
-        if record is not None:
-            record.model = self.model
-            record.num_prompt_tokens += num_tokens
-        return await self.engine.embed(checked, normalize=normalize)
-
-    def workers(self) -> list[WorkerStatus]:
-        return self.engine.workers()
-
-    def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
-        self.engine.observe_steps(observer)
+            await self.limits.charge_prompt(context.caller, num_tokens, context.rate_limit)
+        context.record.model = self.model
+        context.record.num_prompt_tokens += num_tokens
+        return await self.inner.embed(checked, context, normalize=normalize)
 
 
 def _record_delta(record: RequestRecord, delta: RequestDelta) -> None:
@@ -265,3 +234,4 @@ def _record_delta(record: RequestRecord, delta: RequestDelta) -> None:
         record.finish_reason = str(delta.finish_reason)
         record.num_completion_tokens += delta.num_output_tokens
         record.num_cached_tokens += delta.num_cached_tokens
+        record.num_cache_hits += 1 if delta.num_cached_tokens > 0 else 0

@@ -1,6 +1,7 @@
 """Kubernetes probes: /healthz and /livez (the process answers), /readyz (the engine does).
 
-These are the only public routes (no auth, ever); they touch nothing but `engine.ready`.
+These are the only public routes (no auth, ever); they touch nothing but the default
+model's `engine.ready`.
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from inferflux.api.deps import EngineDep
 from inferflux.api.errors import error_response
 from inferflux.api.openapi import error_doc
+from inferflux.api.state import ModelsDep
 from inferflux.errors import NoWorkerReady
 
 router = APIRouter(tags=["health"])
@@ -26,8 +27,8 @@ async def live() -> Response:
 
 
 @router.get("/readyz", responses={503: error_doc("No engine worker is ready yet")})
-async def ready(engine: EngineDep) -> Response:
+async def ready(models: ModelsDep) -> Response:
     """200 while at least one engine worker takes requests; else 503 (OpenAI envelope)."""
-    if not engine.ready:
+    if not models.default_serving().engine.ready:
         return error_response(NoWorkerReady("no engine worker is ready yet"))
     return Response(_OK, media_type="application/json")

@@ -3,8 +3,8 @@
 The metrics themselves live in observability/metrics.py; `api/telemetry.py` feeds them.
 Public by default (`observability.metrics.public`): a scraper inside the cluster needs no
 credentials. With `public: false` the route needs the `read` scope (`api/app.py` and the
-public paths of `api/security_stack.py` read `is_public`). With `observability.metrics.enabled:
-false` the route answers 404 and nothing is recorded.
+public paths of `api/security_layer.py` read the setting). With
+`observability.metrics.enabled: false` the route answers 404 and nothing is recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inferflux.api.deps import TelemetryDep
+from inferflux.api.state import TelemetryDep
 from inferflux.config.settings import Settings
 from inferflux.errors import NotFound
 

@@ -1,6 +1,7 @@
 """Pure-ASGI middleware of the HTTP edge: request ids and the request-body size limit.
 
-Owns: `RequestIdMiddleware` (outermost: sets `x-request-id` and the logging contextvar)
+Owns: `RequestIdMiddleware` (outermost: creates the request's `RequestContext`, sets
+`x-request-id` and the logging contextvar)
 and `BodySizeLimitMiddleware` (413 for bodies over `server.max_request_bytes`). Never
 `BaseHTTPMiddleware` (it breaks contextvars and streaming). Security middleware (authn,
 rate limits, audit) live in `security/`.
@@ -18,6 +19,7 @@ from inferflux.api.errors import error_response
 from inferflux.asgi import drain_body
 from inferflux.errors import RequestTooLarge
 from inferflux.observability.logging import request_id_var
+from inferflux.security.context import open_context
 
 REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -29,9 +31,10 @@ _DRAIN_MAX_S = 5.0
 
 
 class RequestIdMiddleware:
-    """Gives every HTTP request an id: the client's `x-request-id` if well-formed, else a
-    fresh uuid4 hex. Sets `request_id_var` for the request's logs, `scope["state"]
-    ["request_id"]` for handlers, and the `x-request-id` response header."""
+    """Gives every HTTP request its `RequestContext` and an id: the client's
+    `x-request-id` if well-formed, else a fresh uuid4 hex. Sets `request_id_var` for the
+    request's logs, `scope["state"]["request_id"]`, and the `x-request-id` response
+    header."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -42,6 +45,7 @@ class RequestIdMiddleware:
             return
         request_id = _client_request_id(scope) or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        open_context(scope, request_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -15,11 +15,11 @@ import os
 
 import anyio
 
-from inferflux.api.model_router import ModelView
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelLoadError
-from inferflux.security.principal import current_principal
+from inferflux.models.protocol import ModelView
+from inferflux.security.principal import Principal
 
 _DEFAULT_CTX = 4096  # model_files.DEFAULT_MAX_CTX: the context when none is configured
 
@@ -153,9 +153,8 @@ def provisional_info(view: ModelView, meta: GgufMetadata) -> ModelInfo:
     )
 
 
-def may_see(view: ModelView) -> bool:
-    """Whether the current principal's `allowed_models` covers the model (its id, or a
-    LoRA adapter model's base id)."""
-    principal = current_principal()
+def may_see(view: ModelView, principal: Principal) -> bool:
+    """Whether `principal`'s `allowed_models` covers the model (its id, or a LoRA adapter
+    model's base id)."""
     names = (view.model_id, view.adapter_of) if view.adapter_of else (view.model_id,)
     return any(principal.may_use_model(name) for name in names)

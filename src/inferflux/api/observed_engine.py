@@ -1,6 +1,6 @@
 """`ObservedEngine`: the engine seam, observed.
 
-Owns: wrapping the app's `EngineClient` so every generation, whichever API submitted it,
+Owns: wrapping a model's served engine so every generation, whichever API submitted it,
 records time to first token, inter-token latency, token counts and finish reasons, feeds
 the /debug request tracker, and (with tracing on) runs in a `generate` span whose
 context travels to the worker in `AddRequest.trace_context`, with a `stream` span from
@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from inferflux.api.request_tracker import TrackedRequest
-from inferflux.api.telemetry import RequestRecord, Telemetry, current_request
-from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, StepStats
-from inferflux.engine.protocol import EmbeddingResult, EngineClient, WorkerStatus
+from inferflux.api.telemetry import Telemetry
+from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
 from inferflux.errors import InferfluxError
+from inferflux.models.serving import ServedEngine, WrappingEngine
 from inferflux.observability.tracing import (
     ATTR_CACHED_TOKENS,
     ATTR_FINISH_REASONS,
@@ -43,7 +43,7 @@ from inferflux.observability.tracing import (
     SYSTEM,
     inject_context,
 )
-from inferflux.security.principal import principal_var
+from inferflux.security.context import RequestContext
 
 _FAILED = frozenset({FinishReason.ERROR, FinishReason.TIMEOUT})
 
@@ -53,16 +53,14 @@ logger = logging.getLogger(__name__)
 class _Generation:
     """The observation of one generation: timings, tracker entry, spans."""
 
-    def __init__(self, telemetry: Telemetry, model: str, request: AddRequest) -> None:
+    def __init__(
+        self, telemetry: Telemetry, model: str, request: AddRequest, context: RequestContext
+    ) -> None:
         self.telemetry = telemetry
         self.model = model
-        record = current_request.get()
-        self.record: RequestRecord | None = record
-        self.started_at = record.started_at if record is not None else time.monotonic()
+        self.started_at = context.started_at
         self.last_token_at: float | None = None
-        principal = principal_var.get()
-        tenant = principal.tenant if principal is not None else None
-        self.tracked: TrackedRequest = telemetry.tracker.start(request, tenant=tenant)
+        self.tracked: TrackedRequest = telemetry.tracker.start(request, tenant=context.tenant)
         self.span: trace.Span | None = None
         self.stream_span: trace.Span | None = None
         self.finish: FinishReason | None = None
@@ -124,9 +122,6 @@ class _Generation:
         if metrics is not None:
             metrics.prompt_tokens.labels(self.model).inc(delta.num_prompt_tokens)
             metrics.generations.labels(self.model, str(delta.finish_reason)).inc()
-        if self.record is not None:
-            self.record.num_output_tokens += delta.num_output_tokens
-            self.record.num_cache_hits += 1 if delta.num_cached_tokens > 0 else 0
         if self.span is not None:
             self.span.set_attributes(
                 {
@@ -175,29 +170,22 @@ def _describe(error: BaseException | None) -> str | None:
     return type(error).__name__
 
 
-class ObservedEngine:
-    """An `EngineClient` that observes every generation of the one it wraps."""
+class ObservedEngine(WrappingEngine):
+    """A served engine that observes every generation of the one it wraps (and feeds
+    every step of its workers to the telemetry's exporter)."""
 
-    def __init__(self, engine: EngineClient, telemetry: Telemetry, model: str) -> None:
-        self.engine = engine
+    def __init__(self, inner: ServedEngine, telemetry: Telemetry, model: str) -> None:
+        super().__init__(inner)
         self.telemetry = telemetry
         self.model = model
-        engine.observe_steps(telemetry.on_step)
+        inner.observe_steps(telemetry.on_step)
 
-    @property
-    def ready(self) -> bool:
-        return self.engine.ready
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-    async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
-        observed = _Generation(self.telemetry, self.model, request)
+    async def generate(
+        self, request: AddRequest, context: RequestContext
+    ) -> AsyncIterator[RequestDelta]:
+        observed = _Generation(self.telemetry, self.model, request, context)
         request = observed.start_span(request)
-        deltas = self.engine.generate(request)
+        deltas = self.inner.generate(request, context)
         error: BaseException | None = None
         try:
             async for delta in deltas:
@@ -212,15 +200,3 @@ class ObservedEngine:
             if isinstance(deltas, AsyncGenerator):
                 await deltas.aclose()
             observed.close(error)
-
-    async def abort(self, request_id: str) -> None:
-        await self.engine.abort(request_id)
-
-    async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
-        return await self.engine.embed(inputs, normalize=normalize)
-
-    def workers(self) -> list[WorkerStatus]:
-        return self.engine.workers()
-
-    def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
-        self.engine.observe_steps(observer)

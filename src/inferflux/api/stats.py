@@ -14,9 +14,8 @@ import msgspec
 from fastapi import APIRouter
 
 from inferflux import __version__
-from inferflux.api.deps import ServingDep, TelemetryDep
-from inferflux.api.model_router import ModelsDep
 from inferflux.api.openai.models import model_card
+from inferflux.api.state import ModelsDep, TelemetryDep
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -54,12 +53,11 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
 
 
 @router.get("/server/stats")
-async def server_stats(
-    serving: ServingDep, telemetry: TelemetryDep, models: ModelsDep
-) -> dict[str, object]:
+async def server_stats(telemetry: TelemetryDep, models: ModelsDep) -> dict[str, object]:
     """Uptime, the default model, queue depth per priority, active batches, per-worker
     status and load, cache statistics and token throughput (of the default model's
     workers), token throughput over the last 10 s and minute, and every model's state."""
+    serving = models.default_serving()
     statuses = serving.engine.workers()
     throughput = {}
     for name, window_s in _THROUGHPUT_WINDOWS.items():

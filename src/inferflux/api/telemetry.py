@@ -1,11 +1,11 @@
 """The API process's telemetry: one `Telemetry` per app, and the middleware that feeds it.
 
 Owns: `Telemetry` (the app's metrics, tracer, request tracker and throughput meter, and
-`on_step`, the exporter that maps each worker's `StepStats` to them), `RequestRecord`
-(what one HTTP request's generations reported, in a contextvar), and
+`on_step`, the exporter that maps each worker's `StepStats` to them), `tokenize_span`, and
 `TelemetryMiddleware` (pure ASGI: request latency and counts by route template and
-status, the HTTP server span, streamed-token counts). Does not own: metric definitions
-(observability/metrics.py) or the engine wrapper (api/observed_engine.py).
+status, the HTTP server span, streamed-token counts read from the request's record).
+Does not own: metric definitions (observability/metrics.py) or the engine wrapper
+(api/observed_engine.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from contextvars import ContextVar, Token
+from contextvars import Token
 from dataclasses import dataclass, field
 
 from opentelemetry import context as otel_context
@@ -37,34 +37,18 @@ from inferflux.observability.tracing import (
     get_tracer,
     make_tracer_provider,
 )
+from inferflux.security.context import context_of
 
-UNMATCHED_ROUTE = "unmatched"  # the route label of requests no route served (404, 413)
 _STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
 
 
-@dataclass(slots=True)
-class RequestRecord:
-    """One HTTP request, as its generations report it (mutable; one event loop)."""
-
-    started_at: float  # time.monotonic() at arrival: TTFT counts from here
-    tracer: trace.Tracer | None = None  # set while tracing is on
-    num_output_tokens: int = 0
-    num_cache_hits: int = 0  # generations whose prompt reused prefix-cache KV
-
-
-current_request: ContextVar[RequestRecord | None] = ContextVar(
-    "inferflux_current_request", default=None
-)
-
-
-def tokenize_span(num_chars: int) -> AbstractContextManager[object]:
-    """An `inferflux.tokenize` span around a tokenization, when the current request is
-    traced; otherwise a no-op."""
-    record = current_request.get()
-    if record is None or record.tracer is None:
+def tokenize_span(tracer: trace.Tracer | None, num_chars: int) -> AbstractContextManager[object]:
+    """An `inferflux.tokenize` span around a tokenization (a child of the request's HTTP
+    span) while tracing is on (`tracer`); otherwise a no-op."""
+    if tracer is None:
         return contextlib.nullcontext()
     attributes = {"inferflux.num_chars": num_chars}
-    return record.tracer.start_as_current_span("inferflux.tokenize", attributes=attributes)
+    return tracer.start_as_current_span("inferflux.tokenize", attributes=attributes)
 
 
 @dataclass(slots=True)
@@ -156,7 +140,7 @@ class TelemetryMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        record = RequestRecord(started_at=time.monotonic(), tracer=self.telemetry.tracer)
+        context = context_of(scope)
         status = 500  # until a response starts: an exception nobody answered
         streaming = False
 
@@ -168,7 +152,6 @@ class TelemetryMiddleware:
                 streaming = content_type.startswith(_STREAM_TYPES)
             await send(message)
 
-        record_token = current_request.set(record)
         span, context_token = self._start_span(scope)
         metrics = self.telemetry.metrics
         if metrics is not None:
@@ -176,13 +159,13 @@ class TelemetryMiddleware:
         try:
             await self.app(scope, receive, send_observed)
         finally:
-            current_request.reset(record_token)
-            route = _route(scope)
+            route = context.route
             if metrics is not None:
+                record = context.record
                 metrics.requests_in_flight.dec()
-                metrics.observe_request(route, status, time.monotonic() - record.started_at)
+                metrics.observe_request(route, status, time.monotonic() - context.started_at)
                 if streaming:
-                    metrics.stream_tokens.labels(metrics.model).inc(record.num_output_tokens)
+                    metrics.stream_tokens.labels(metrics.model).inc(record.num_completion_tokens)
                     metrics.stream_cache_hits.labels(metrics.model).inc(record.num_cache_hits)
             if span is not None:
                 _end_span(span, route, status, scope)
@@ -210,13 +193,6 @@ class TelemetryMiddleware:
             },
         )
         return span, otel_context.attach(trace.set_span_in_context(span))
-
-
-def _route(scope: Scope) -> str:
-    """The route template that served the request (`/v1/chat/completions`), or `unmatched`
-    when none did: no route for the path (404), or an answer before routing (413)."""
-    path = getattr(scope.get("route"), "path", None)
-    return path if isinstance(path, str) else UNMATCHED_ROUTE
 
 
 def _end_span(span: trace.Span, route: str, status: int, scope: Scope) -> None:

@@ -22,15 +22,16 @@ import uvicorn
 from fastapi import FastAPI
 
 from inferflux.api import create_app
-from inferflux.api.security_stack import SecurityState, build_security
+from inferflux.api.security_layer import SecurityState, build_security
+from inferflux.api.state import app_state
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
 from inferflux.engine import make_engine_client
-from inferflux.engine.model_files import load_model
-from inferflux.engine.model_registry import registry_plan
-from inferflux.engine.model_spec import model_settings
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ConfigError, ModelLoadError
+from inferflux.models.catalog import catalog_from_settings
+from inferflux.models.files import load_model
+from inferflux.models.spec import model_settings
 from inferflux.observability.logging import configure_logging
 from inferflux.security.api_keys import KeyDigester
 
@@ -105,7 +106,7 @@ def serve(
     asgi_app, model_info = _build_app(settings, security)
     typer.echo(startup_banner(settings, model_info))
     if not security.authenticator.enabled:
-        # NOTE: DESIGN §7: no auth is the newcomer's default; say so loudly, every start.
+        # NOTE: no auth is the newcomer's default (README); say so loudly, every start.
         logger.warning(
             "AUTHENTICATION IS OFF: no API key or OIDC issuer is configured, so any client "
             "that can reach %s:%d can use this server, admin API included "
@@ -161,9 +162,10 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
         config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2  # TLS 1.0 and 1.1 refused
     server = uvicorn.Server(config)
     # the app calls this when no engine worker can start: a clean stop, then exit 1
-    asgi_app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
+    state = app_state(asgi_app)
+    state.request_shutdown = lambda: setattr(server, "should_exit", True)
     server.run(sockets=_listen_sockets(config, settings.server.ollama_port))
-    start_error = getattr(asgi_app.state, "engine_start_error", None)
+    start_error = state.engine_start_error
     if start_error:
         typer.echo(f"inferflux: {start_error}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR)
@@ -198,13 +200,13 @@ def _listen_sockets(config: uvicorn.Config, ollama_port: int | None) -> list[soc
 
 
 def _build_app(settings: Settings, security: SecurityState) -> tuple[FastAPI, ModelInfo]:
-    """The registry (the manifest, or `model.path` alone), the default model (verified,
+    """The catalog (the manifest, or `model.path` alone), the default model (verified,
     vocabulary loaded), its engine client and the app. An invalid manifest exits with
     status 2, a default model that cannot be verified or loaded with status 1."""
     try:
-        plan = registry_plan(settings)
-        own_settings = model_settings(settings, plan.default)
-        model_info, tokenizer = load_model(plan.default, own_settings)
+        catalog = catalog_from_settings(settings)
+        own_settings = model_settings(settings, catalog.default)
+        model_info, tokenizer = load_model(catalog.default, own_settings)
         engine = make_engine_client(own_settings, model_info)
         asgi_app = create_app(
             settings,
@@ -212,7 +214,7 @@ def _build_app(settings: Settings, security: SecurityState) -> tuple[FastAPI, Mo
             tokenizer=tokenizer,
             model_info=model_info,
             security=security,
-            registry=plan,
+            catalog=catalog,
         )
     except ConfigError as exc:
         typer.echo(f"inferflux: {exc.message}", err=True)

@@ -1,7 +1,7 @@
 """The engine: EngineClient (asyncio) ⇄ worker processes ⇄ EngineCore ⇄ llama.cpp backend.
 
-The API process uses two entry points: `load_served_model(settings)` (vocab-only load:
-`ModelInfo` + `Tokenizer`) and `make_engine_client(settings, model_info)`.
+The API process starts a model's workers with `make_engine_client(settings, model_info)`;
+the vocab-only load (`ModelInfo` + `Tokenizer`) is the models package's (models/files.py).
 """
 
 from inferflux.engine.client import make_engine_client
@@ -12,7 +12,6 @@ from inferflux.engine.messages import (
     RequestDelta,
     SamplingParams,
 )
-from inferflux.engine.model_files import load_served_model
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer, WorkerStatus
 
 __all__ = [
@@ -25,6 +24,5 @@ __all__ = [
     "SamplingParams",
     "Tokenizer",
     "WorkerStatus",
-    "load_served_model",
     "make_engine_client",
 ]

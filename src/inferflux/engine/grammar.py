@@ -15,7 +15,7 @@ and masks the logits only when it is not).
 
 Why llguidance: it computes a token mask for a 262k vocabulary in well under a
 millisecond and checks one token in microseconds, where llama.cpp's GBNF sampler costs
-24–33 ms per token there (ENGINE_NOTES.md). xgrammar, the other candidate, needs torch,
+24–33 ms per token there (docs/engine-notes.md). xgrammar, the other candidate, needs torch,
 transformers and triton at install time, gigabytes for a CPU server.
 """
 

@@ -8,11 +8,12 @@ Does not own: where the numbers come from. The API process's exporter
 requests, engine deltas and the engine's per-step `StepStats`.
 
 Naming (prometheus.io): `inferflux_` prefix, base units (`_seconds`), counters end in
-`_total`; the OBS-1 names of spec/non-functional-requirements.md are kept exactly. Labels
-are bounded: `model`, `route` (the route template, never the raw path), `status`,
-`priority`, `finish_reason`, `backend`, `worker` (an index below runtime.workers), and the
-security labels `kind`, `outcome`, `mode`, `stage`, `rule`, `action` (fixed small sets);
-never a key, a user, a tenant or a prompt. docs/observability.md lists every metric.
+`_total`; the OBS-1 names of the product requirements are kept exactly
+(docs/observability.md). Labels are bounded: `model`, `route` (the route template, never
+the raw path), `status`, `priority`, `finish_reason`, `backend`, `worker` (an index below
+runtime.workers), and the security labels `kind`, `outcome`, `mode`, `stage`, `rule`,
+`action` (fixed small sets); never a key, a user, a tenant or a prompt.
+docs/observability.md lists every metric.
 
 Worker counters (prefix cache, fairness) are summed over workers; a restarted worker
 starts its counters again at 0, which Prometheus' `rate()` treats as a counter reset.

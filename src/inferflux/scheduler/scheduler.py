@@ -255,7 +255,7 @@ class Scheduler:
     def _admit(self, request: Request, kv_ops: list[KvOp]) -> None:
         self.queues[request.priority].remove(request)
         # NOTE: the lowest free slot keeps active seq ids packed; scattered slots made
-        # llama_decode up to 2x slower in per-sequence KV mode (ENGINE_NOTES.md).
+        # llama_decode up to 2x slower in per-sequence KV mode (docs/engine-notes.md).
         seq_id = SeqId(heapq.heappop(self._free_seq_ids))
         request.seq_id = seq_id
         request.status = RequestStatus.RUNNING

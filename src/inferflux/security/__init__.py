@@ -1,6 +1,8 @@
-"""Security: who is calling (`Principal`), what they may do (scopes, policy), and the
-pure-ASGI middleware that enforce it (DESIGN.md §4). Never imports `engine`."""
+"""Security: who is calling (`Principal`), what they may do (scopes, policy), the request's
+context and record (`RequestContext`), and the pure-ASGI middleware that enforce it
+(docs/architecture.md, "A request's path"). Never imports `engine`."""
 
+from inferflux.security.context import RequestContext, RequestRecord, context_of
 from inferflux.security.policy import (
     ApiKeyRecord,
     GuardrailPolicy,
@@ -10,16 +12,7 @@ from inferflux.security.policy import (
     StaticPolicySource,
     TenantPolicy,
 )
-from inferflux.security.principal import (
-    ANONYMOUS,
-    Principal,
-    Scope,
-    current_principal,
-    get_principal,
-    principal_var,
-    set_principal,
-)
-from inferflux.security.request_record import RequestRecord, get_request_record
+from inferflux.security.principal import ANONYMOUS, Principal, Scope
 
 __all__ = [
     "ANONYMOUS",
@@ -29,13 +22,10 @@ __all__ = [
     "PolicySource",
     "Principal",
     "RateLimits",
+    "RequestContext",
     "RequestRecord",
     "Scope",
     "StaticPolicySource",
     "TenantPolicy",
-    "current_principal",
-    "get_principal",
-    "get_request_record",
-    "principal_var",
-    "set_principal",
+    "context_of",
 ]

@@ -29,14 +29,9 @@ from datetime import UTC, datetime
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux.config.security_settings import AuditSettings
+from inferflux.security.context import RequestContext, context_of
 from inferflux.security.digest import TextDigester
 from inferflux.security.principal import Principal
-from inferflux.security.request_record import (
-    RequestRecord,
-    attach_request_record,
-    request_record_var,
-    request_scope_var,
-)
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -67,23 +62,17 @@ class AuditLog:
         )
         self._logger.info(line)
 
-    def request(
-        self,
-        scope: Scope,
-        principal: Principal | None,
-        record: RequestRecord,
-        status: int,
-        latency_s: float,
-    ) -> None:
+    def request(self, scope: Scope, context: RequestContext, status: int, latency_s: float) -> None:
         digest = self.digester.render
+        record, principal = context.record, context.principal
         self.write(
             {
                 "event": "request",
-                "request_id": scope.get("state", {}).get("request_id"),
+                "request_id": context.request_id or None,
                 "principal": _principal(principal),
                 "tenant": principal.tenant if principal else None,
                 "method": scope.get("method"),
-                "route": record.route or _route(scope),
+                "route": context.route,
                 "status": status,
                 "latency_s": round(latency_s, 6),
                 "model": record.model,
@@ -129,14 +118,9 @@ def _principal(principal: Principal | None) -> dict[str, str] | None:
     return {"subject": principal.subject, "kind": principal.kind}
 
 
-def _route(scope: Scope) -> str:
-    path = getattr(scope.get("route"), "path", None)
-    return path if isinstance(path, str) else "unmatched"
-
-
 class AuditMiddleware:
-    """Pure ASGI, outer to authentication. Attaches a `RequestRecord` for the inner
-    layers and writes one event per request once its response has ended (or failed)."""
+    """Pure ASGI, outer to authentication. Asks the request's record to keep its text,
+    and writes one event per request once its response has ended (or failed)."""
 
     def __init__(self, app: ASGIApp, audit: AuditLog, exclude_paths: frozenset[str]) -> None:
         self.app = app
@@ -147,7 +131,8 @@ class AuditMiddleware:
         if scope["type"] != "http" or scope.get("path", "") in self.exclude_paths:
             await self.app(scope, receive, send)
             return
-        record = attach_request_record(scope)
+        context = context_of(scope)
+        context.record.keep_text = True
         started_at = time.monotonic()
         status = 500  # until a response starts
 
@@ -157,21 +142,10 @@ class AuditMiddleware:
                 status = message["status"]
             await send(message)
 
-        token = request_record_var.set(record)
-        scope_token = request_scope_var.set(scope)
         try:
             await self.app(scope, receive, send_observed)
         finally:
-            request_scope_var.reset(scope_token)
-            request_record_var.reset(token)
-            principal = scope.get("state", {}).get("principal")
-            self.audit.request(
-                scope,
-                principal if isinstance(principal, Principal) else None,
-                record,
-                status,
-                time.monotonic() - started_at,
-            )
+            self.audit.request(scope, context, status, time.monotonic() - started_at)
 
 
 def make_audit_log(settings: AuditSettings) -> AuditLog | None:

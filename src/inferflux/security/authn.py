@@ -10,9 +10,8 @@ server). Off: every request runs as `ANONYMOUS` (every scope; `inferflux serve` 
 On: the public paths (health probes; `/metrics` when `observability.metrics.public`) run
 as `UNAUTHENTICATED`, which holds no scope; everything else, known route or not, needs
 valid credentials or gets 401 before routing. Credentials in the query string are
-refused (401), never read. The middleware sets the principal on the scope state and in
-`principal_var` (and the tenant in the logging `tenant_var`) for the inner app, and resets
-both after.
+refused (401), never read. The middleware sets the principal on the request's context
+(security/context.py), and the tenant in the logging `tenant_var` for the inner app.
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ from inferflux.security.api_keys import (
     KeyDigester,
     bearer_credentials,
 )
+from inferflux.security.context import context_of
 from inferflux.security.oidc import OidcVerifier, TokenRejected
 from inferflux.security.policy import ApiKeyRecord, Policy, PolicySource
-from inferflux.security.principal import ANONYMOUS, Principal, Scope, principal_var, set_principal
+from inferflux.security.principal import ANONYMOUS, Principal, Scope
 from inferflux.security.rbac import UNAUTHENTICATED
 
 logger = logging.getLogger(__name__)
@@ -214,21 +214,19 @@ class AuthenticationMiddleware:
             await drain_body(receive, max_bytes=_DRAIN_MAX_BYTES, max_s=_DRAIN_MAX_S)
             await self.render_error(exc, scope.get("path", ""))(scope, receive, send)
             return
-        set_principal(scope, principal)
-        principal_token = principal_var.set(principal)
+        context_of(scope).principal = principal
         tenant_token = tenant_var.set(principal.tenant)
         try:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(tenant_token)
-            principal_var.reset(principal_token)
 
     async def _principal(self, scope: AsgiScope) -> Principal:
         if not self.authenticator.enabled:
             # Auth off: anonymous, unless a layer outside set a principal (tests that act
             # as distinct keys and tenants; nothing in the server does).
-            preset = scope.get("state", {}).get("principal")
-            return preset if isinstance(preset, Principal) else ANONYMOUS
+            preset = context_of(scope).principal
+            return preset if preset is not None else ANONYMOUS
         path = scope.get("path", "")
         if path in self.public_paths:
             return UNAUTHENTICATED

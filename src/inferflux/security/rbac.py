@@ -15,7 +15,8 @@ from fastapi import Depends, Request
 from fastapi.params import Depends as DependsParam
 
 from inferflux.errors import PermissionDenied, Unauthorized
-from inferflux.security.principal import Principal, Scope, current_principal, get_principal
+from inferflux.security.context import context_of
+from inferflux.security.principal import Principal, Scope
 
 UNAUTHENTICATED = Principal(
     subject="unauthenticated", kind="anonymous", tenant="default", scopes=frozenset()
@@ -28,7 +29,7 @@ def require_scope(scope: Scope) -> DependsParam:
     """A route dependency: the request's principal must hold `scope`."""
 
     async def check(request: Request) -> None:
-        principal = get_principal(request.scope)
+        principal = context_of(request.scope).caller
         if principal is UNAUTHENTICATED:
             raise Unauthorized("authentication required: send Authorization: Bearer <key>")
         if not principal.has_scope(scope):
@@ -54,14 +55,9 @@ def roles_table(roles: Mapping[str, Iterable[str]]) -> dict[str, frozenset[Scope
     return {name: frozenset(Scope(s) for s in scopes) for name, scopes in roles.items()}
 
 
-def authorize_model(*names: str) -> None:
-    """Raise PermissionDenied unless the current principal may use the model known by
-    any of `names` (its id, or its Ollama name). Call where a request's model is resolved.
-
-    Raises LookupError outside a request that went through authentication: that is a bug
-    (a route outside the middleware stack), never a reason to allow.
-    """
-    principal = current_principal()
+def authorize_model(principal: Principal, *names: str) -> None:
+    """Raise PermissionDenied unless `principal` may use the model known by any of
+    `names` (its id, or its Ollama name). Call where a request's model is resolved."""
     if not any(principal.may_use_model(name) for name in names):
         raise PermissionDenied(
             f"'{principal.subject}' may not use the model '{names[0]}' (allowed_models)",

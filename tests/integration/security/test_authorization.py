@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.routing import iter_route_contexts
 
+from inferflux.api.state import app_state
 from inferflux.security.principal import Scope
 from tests.integration.security.conftest import KEYS, SecuredApp
 
@@ -95,7 +96,7 @@ def app_routes(secured: SecuredApp) -> set[tuple[str, str]]:
 
 
 def model_id(secured: SecuredApp) -> str:
-    return secured.app.state.serving.model_info.model_id
+    return app_state(secured.app).models.default_serving().model_info.model_id
 
 
 def test_the_matrix_covers_every_route(secured: SecuredApp):

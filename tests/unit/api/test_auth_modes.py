@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 
 from inferflux.api import create_app
+from inferflux.api.state import app_state
 from inferflux.config.settings import Settings
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 
@@ -25,7 +26,7 @@ async def test_no_auth_configured_means_anonymous_with_every_scope():
         model_info=fake_model_info(),
     )
     async with app.router.lifespan_context(app), client_for(app) as client:
-        assert not app.state.security.authenticator.enabled
+        assert not app_state(app).security.authenticator.enabled
         assert (await client.get("/v1/models")).status_code == 200
         assert (await client.get("/debug/requests")).status_code == 200
         # credentials are not checked at all while auth is off
@@ -33,7 +34,7 @@ async def test_no_auth_configured_means_anonymous_with_every_scope():
         created = await client.post("/v1/admin/api_keys", json={"roles": ["admin"]})
         assert created.status_code == 201
         key, key_id = created.json()["key"], created.json()["id"]
-        assert app.state.security.authenticator.enabled
+        assert app_state(app).security.authenticator.enabled
         assert (await client.get("/v1/models")).status_code == 401
         assert (await client.get("/healthz")).status_code == 200
         async with client_for(app, key) as admin:

@@ -1,12 +1,16 @@
-"""OpenAI tool-call shapes of a chat choice: streamed deltas and the whole message."""
+"""OpenAI tool-call shapes of a chat choice: streamed deltas and the whole message, over
+the parts the generation service's tool-call parser reads out of the text."""
 
 from __future__ import annotations
 
 import json
 
+from inferflux.api.generation import Choice, ChoiceResult, Part
 from inferflux.api.openai.chat_tools import ToolChatChoice
+from inferflux.api.tools import ToolCallParser
 from inferflux.api.tools.formats import GENERIC
 from inferflux.api.tools.protocol import FunctionSpec, ToolPlan
+from inferflux.engine.messages import AddRequest, FinishReason, SamplingParams
 
 PLAN = ToolPlan(
     (FunctionSpec("get_weather", None, {"type": "object"}), FunctionSpec("f", None, {})),
@@ -20,8 +24,39 @@ TEXT = (
 )
 
 
-def choice() -> ToolChatChoice:
-    return ToolChatChoice(0, logprobs=False, tool_format=GENERIC, plan=PLAN)
+def parser() -> ToolCallParser:
+    return ToolCallParser(GENERIC, PLAN.names())
+
+
+def result(finish_reason: str, parts: list[Part], num_calls: int) -> ChoiceResult:
+    add = AddRequest(request_id="r", prompt_token_ids=[1], sampling=SamplingParams(max_tokens=8))
+    return ChoiceResult(
+        Choice(0, 0, add), FinishReason(finish_reason), 0, 0, [], num_calls, parts=parts
+    )
+
+
+class Choice_:
+    """A choice's renderer fed as the service feeds it (the parser in front)."""
+
+    def __init__(self) -> None:
+        self.renderer = ToolChatChoice(0, logprobs=False)
+        self.parser = parser()
+
+    def piece(self, text: str, entries: list) -> list[dict]:
+        return self.renderer.piece(self.parser.push(text), entries)
+
+    def finish(self, finish_reason: str) -> list[dict]:
+        rest = self.parser.finish()
+        return self.renderer.finish(rest, result(finish_reason, [], self.parser.num_calls))
+
+    def final(self, text: str, entries: list, finish_reason: str) -> dict:
+        whole = parser()
+        parts = whole.push(text) + whole.finish()
+        return self.renderer.final(result(finish_reason, parts, whole.num_calls))
+
+
+def choice() -> Choice_:
+    return Choice_()
 
 
 def test_whole_message_has_calls_content_and_finish_reason() -> None:

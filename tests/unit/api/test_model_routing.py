@@ -11,9 +11,9 @@ import pytest
 
 from inferflux.api import create_app
 from inferflux.config.settings import Settings
-from inferflux.engine.model_registry import RegistryPlan
-from inferflux.engine.model_spec import ModelSpec
 from inferflux.engine.model_verify import SignatureVerifier
+from inferflux.models.catalog import Catalog
+from inferflux.models.spec import ModelSpec
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 from tests.openai_envelope import assert_envelope
 
@@ -80,7 +80,7 @@ async def test_allowed_models_are_checked_before_anything_loads(tmp_path) -> Non
     info = fake_model_info()
     default = ModelSpec(info.model_id, tmp_path / "fake.gguf", None, is_default=True)
     other = ModelSpec("other", tmp_path / "missing.gguf", "ab" * 32, source="manifest")
-    plan = RegistryPlan(
+    plan = Catalog(
         default=default,
         models_dir=tmp_path,
         verifier=SignatureVerifier((), require=False),
@@ -88,7 +88,7 @@ async def test_allowed_models_are_checked_before_anything_loads(tmp_path) -> Non
     )
     app = create_app(
         settings, engine=FakeEngineClient(), tokenizer=FakeTokenizer(), model_info=info,
-        registry=plan,
+        catalog=plan,
     )  # fmt: skip
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from pydantic import ValidationError
 
 from inferflux.api.errors import error_body
+from inferflux.api.generation import Choice, GenerationPlan, Timings, TokenTexts
+from inferflux.api.generation.planner import compile_output
+from inferflux.api.generation.service import ChoiceRun
 from inferflux.api.ollama.embed import shorten
 from inferflux.api.ollama.models import human_number, ollama_name, parameters_text, resolve_model
 from inferflux.api.ollama.protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaOptions,
-    format_constraint,
+    format_output,
     parse_keep_alive,
     requested_max_tokens,
     sampling_params,
 )
-from inferflux.api.ollama.responder import Progress, done_reason, rfc3339_nano
+from inferflux.api.ollama.render import done_fields, done_reason, metrics_of, rfc3339_nano
 from inferflux.engine.grammar import ConstraintCompiler
-from inferflux.engine.messages import FinishReason, RequestDelta
+from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import EngineError, InvalidRequest, ModelNotFound, QueueTimeout
-from inferflux.security.principal import ANONYMOUS, principal_var
+from inferflux.security.principal import ANONYMOUS
 from tests.fakes.engine import FakeTokenizer
+
+
+async def format_constraint(format_: object, compiler: ConstraintCompiler):
+    """Ollama's `format` as the service compiles it."""
+    return await compile_output(compiler, format_output(format_))
 
 
 def _info(model_id: str = "smol") -> ModelInfo:
@@ -233,43 +242,41 @@ def test_human_number_like_ollama(count: int, text: str) -> None:
 
 
 def test_model_names() -> None:
-    info = _info()
-    token = principal_var.set(ANONYMOUS)  # resolve_model checks the caller's model rights
-    try:
-        _check_model_names(info)
-    finally:
-        principal_var.reset(token)
-
-
-def _check_model_names(info) -> None:
+    info = _info()  # resolve_model checks the caller's model rights: ANONYMOUS has them all
     assert ollama_name(info) == "smol:latest" and ollama_name(_info("smol:q4")) == "smol:q4"
-    assert resolve_model("smol", info) == "smol"
-    assert resolve_model("smol:latest", info) == "smol:latest"
+    assert resolve_model("smol", info, ANONYMOUS) == "smol"
+    assert resolve_model("smol:latest", info, ANONYMOUS) == "smol:latest"
     with pytest.raises(ModelNotFound, match="^model 'llama3' not found$"):
-        resolve_model("llama3", info)
+        resolve_model("llama3", info, ANONYMOUS)
     with pytest.raises(InvalidRequest, match="model is required"):
-        resolve_model("", info)
+        resolve_model("", info, ANONYMOUS)
     assert parameters_text(info).splitlines()[0] == "num_ctx" + " " * 24 + "4096"
 
 
 def test_done_reason_and_metrics() -> None:
     assert done_reason(FinishReason.LENGTH) == "length"
     assert {done_reason(r) for r in (FinishReason.STOP, FinishReason.STOP_SEQUENCE)} == {"stop"}
-    progress = Progress(started_ns=100, num_prompt_tokens=4)
-    progress.feed(RequestDelta(request_id="r", text="a", token_ids=[5], num_output_tokens=1))
-    progress.feed(
+    add = AddRequest(
+        request_id="r", prompt_token_ids=[1, 2, 3, 4], sampling=SamplingParams(max_tokens=8)
+    )
+    choice = Choice(0, 0, add)
+    run = ChoiceRun(choice, TokenTexts(FakeTokenizer()), GenerationPlan("r", [choice]), keep=True)
+    run.feed(RequestDelta(request_id="r", text="a", token_ids=[5], num_output_tokens=1))
+    run.feed(
         RequestDelta(
             request_id="r", token_ids=[2], num_output_tokens=2, finish_reason=FinishReason.STOP
         )
     )
-    metrics = progress.metrics()
+    assert run.result is not None
+    now = time.monotonic_ns()
+    metrics = metrics_of(run.result, Timings(100, now, now, now, now))
     assert all(isinstance(v, int) and v >= 1 for v in metrics.values())
-    assert metrics["eval_count"] == 2 and progress.output_token_ids == [5, 2]
-    assert progress.done_fields() == {"done": True, "done_reason": "stop"}
+    assert metrics["eval_count"] == 2 and run.result.output_token_ids == [5, 2]
+    assert done_fields(run.result) == {"done": True, "done_reason": "stop"}
     with pytest.raises(EngineError):
-        progress.feed(RequestDelta(request_id="r", finish_reason=FinishReason.ERROR, error="x"))
+        run.feed(RequestDelta(request_id="r", finish_reason=FinishReason.ERROR, error="x"))
     with pytest.raises(QueueTimeout):
-        progress.feed(RequestDelta(request_id="r", finish_reason=FinishReason.TIMEOUT))
+        run.feed(RequestDelta(request_id="r", finish_reason=FinishReason.TIMEOUT))
 
 
 def test_shorten_renormalizes() -> None:

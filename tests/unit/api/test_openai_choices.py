@@ -6,13 +6,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from inferflux.api.generation.planner import derive_seed
 from inferflux.api.openai.compat import ACCEPTED_IGNORED
 from inferflux.api.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     JsonSchemaSpec,
     StreamOptions,
-    derive_seed,
 )
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import FinishReason, Priority

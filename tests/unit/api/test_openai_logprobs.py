@@ -6,13 +6,8 @@ import math
 
 import pytest
 
-from inferflux.api.openai.logprobs import (
-    CompletionLogprobs,
-    LogprobAligner,
-    TokenTexts,
-    chat_logprobs,
-    prompt_entries,
-)
+from inferflux.api.generation.logprobs import LogprobAligner, TokenTexts, prompt_entries
+from inferflux.api.openai.logprobs import CompletionLogprobs, chat_logprobs
 from inferflux.engine.messages import FinishReason, RequestDelta, TokenLogprob
 from inferflux.errors import EngineError
 from tests.fakes.engine import FakePieceTokenizer

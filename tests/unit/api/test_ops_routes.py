@@ -8,6 +8,7 @@ import httpx
 from fastapi import FastAPI
 
 from inferflux.api import create_app
+from inferflux.api.state import app_state
 from inferflux.config.settings import Settings
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 from tests.openai_envelope import assert_envelope
@@ -82,7 +83,7 @@ async def test_lifespan_starts_and_stops_the_engine() -> None:
     async with app.router.lifespan_context(app):
         await asyncio.sleep(0.01)  # the engine starts in the background
         assert engine.started and not engine.stopped
-        assert app.state.engine_start_error is None
+        assert app_state(app).engine_start_error is None
     assert engine.stopped
 
 
@@ -92,10 +93,10 @@ async def test_an_engine_that_cannot_start_records_why_and_asks_for_shutdown() -
         Settings(), engine=engine, tokenizer=FakeTokenizer(), model_info=fake_model_info()
     )
     shutdowns: list[bool] = []
-    app.state.request_shutdown = lambda: shutdowns.append(True)
+    app_state(app).request_shutdown = lambda: shutdowns.append(True)
     async with app.router.lifespan_context(app):
         await asyncio.sleep(0.01)
-        assert app.state.engine_start_error == "no worker could load the model: out of memory"
+        assert app_state(app).engine_start_error == "no worker could load the model: out of memory"
         assert shutdowns == [True]
     assert engine.stopped
 
@@ -108,7 +109,7 @@ def test_configured_chat_template_overrides_the_models() -> None:
         tokenizer=FakeTokenizer("IGNORED"),
         model_info=fake_model_info(),
     )
-    template = app.state.serving.chat_template
+    template = app_state(app).models.default_serving().chat_template
     assert template.render([{"role": "user", "content": "x"}]) == "x"
 
 
@@ -119,5 +120,9 @@ def test_gemma_model_without_template_gets_gemma_fallback() -> None:
         tokenizer=FakeTokenizer(None),
         model_info=fake_model_info(architecture="gemma3"),
     )
-    text = app.state.serving.chat_template.render([{"role": "user", "content": "x"}])
+    text = (
+        app_state(app)
+        .models.default_serving()
+        .chat_template.render([{"role": "user", "content": "x"}])
+    )
     assert text == "<s><start_of_turn>user\nx<end_of_turn>\n<start_of_turn>model\n"

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from inferflux.api.state import app_state
 from inferflux.engine.messages import FinishReason
 from inferflux.errors import EngineDeadError, NoWorkerReady
 from tests.fakes.engine import FAKE_BOS, FakeEngineClient, FakeTokenizer
@@ -86,7 +87,7 @@ async def test_template_that_starts_with_bos_is_not_given_a_second(
 ) -> None:
     from inferflux.engine.chat_template import ChatTemplate
 
-    serving = app.state.serving  # type: ignore[attr-defined]
+    serving = app_state(app).models.default_serving()
     template = ChatTemplate.from_model(
         "{{ bos_token }}{{ messages[0]['content'] }}", "x", "<s>", ""
     )

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferflux.engine.messages import EngineStats, FairnessStats, PrefixCacheStats
 from inferflux.observability.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Metrics
 
-# spec/non-functional-requirements.md, "Required Prometheus Metrics (OBS-1)"
+# the product requirements' "Required Prometheus Metrics (OBS-1)" (docs/observability.md)
 OBS1 = {
     "inferflux_request_latency_seconds": "histogram",
     "inferflux_queue_wait_seconds": "histogram",

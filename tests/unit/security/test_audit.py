@@ -7,9 +7,9 @@ import logging
 
 from inferflux.config.security_settings import AuditSettings
 from inferflux.security.audit import AuditLog, make_audit_log
+from inferflux.security.context import RequestContext, RequestRecord
 from inferflux.security.digest import TextDigester
 from inferflux.security.principal import Principal, Scope
-from inferflux.security.request_record import RequestRecord
 
 
 def _log(tmp_path, *, raw=False):
@@ -38,8 +38,9 @@ def test_control_characters_cannot_forge_a_line(tmp_path):
 
 def test_prompts_are_keyed_digests_unless_raw_text_is_on(tmp_path):
     record = RequestRecord(prompt_text="my secret prompt", completion_text="an answer")
+    context = RequestContext("r1", started_at=0.0, record=record)
     audit, path = _log(tmp_path)
-    audit.request({"type": "http", "method": "POST", "state": {}}, None, record, 200, 0.5)
+    audit.request({"type": "http", "method": "POST", "state": {}}, context, 200, 0.5)
     audit.close()
     event = json.loads(path.read_text())
     digester = TextDigester(b"k" * 32)
@@ -48,7 +49,7 @@ def test_prompts_are_keyed_digests_unless_raw_text_is_on(tmp_path):
     raw_dir = tmp_path / "raw"
     raw_dir.mkdir()
     audit, path = _log(raw_dir, raw=True)
-    audit.request({"type": "http", "method": "POST", "state": {}}, None, record, 200, 0.5)
+    audit.request({"type": "http", "method": "POST", "state": {}}, context, 200, 0.5)
     audit.close()
     assert json.loads(path.read_text())["prompt"] == "my secret prompt"
 

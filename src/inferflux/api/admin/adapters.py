@@ -22,10 +22,11 @@ from inferflux.api.admin.models import view_json
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
 from inferflux.api.model_cards import find_view
-from inferflux.api.model_router import LifecycleDep, ModelsDep, ModelView
 from inferflux.api.openapi import error_doc
+from inferflux.api.state import LifecycleDep, ModelsDep
 from inferflux.config.manifest import AdapterEntry
 from inferflux.errors import InvalidRequest, ModelNotFound
+from inferflux.models.protocol import ModelView
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from inferflux.api.admin.changes import SecurityDep, apply_change
 from inferflux.api.admin.protocol import CreateKeyBody, key_view
 from inferflux.api.deps import json_body
-from inferflux.api.security_stack import SecurityState
+from inferflux.api.security_layer import SecurityState
 from inferflux.errors import Conflict, InvalidRequest, NotFound
 from inferflux.security.api_keys import generate_api_key
 from inferflux.security.policy import ApiKeyRecord, Policy

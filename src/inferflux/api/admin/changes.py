@@ -10,28 +10,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Annotated, cast
 
-from fastapi import Depends, Request
+from fastapi import Request
 
-from inferflux.api.security_stack import SecurityState
+from inferflux.api.security_layer import SecurityState
+from inferflux.api.state import SecurityDep, app_state
+from inferflux.security.context import context_of
 from inferflux.security.policy import Policy
-from inferflux.security.principal import get_principal
-from inferflux.security.request_record import get_request_record
 
 logger = logging.getLogger(__name__)
 
 
-def get_security(request: Request) -> SecurityState:
-    return cast(SecurityState, request.app.state.security)
-
-
-SecurityDep = Annotated[SecurityState, Depends(get_security)]
+__all__ = ["SecurityDep", "actor_of", "apply_change"]
 
 
 def actor_of(request: Request) -> str:
     """`kind:subject` of the caller (a key id or a token subject; never a secret)."""
-    principal = get_principal(request.scope)
+    principal = context_of(request.scope).caller
     return f"{principal.kind}:{principal.subject}"
 
 
@@ -43,12 +38,11 @@ async def apply_change(
     policy = await security.policy.update(update)
     actor = actor_of(request)
     logger.info("admin change by %s: %s (policy version %d)", actor, change, policy.version)
-    record = get_request_record(request.scope)
-    if record is not None:
-        record.policy_decisions.append(f"admin:{actor}:{change}")
-    layer = getattr(request.app.state, "security_layer", None)
-    if layer is not None and layer.audit is not None:
+    context = context_of(request.scope)
+    context.record.policy_decisions.append(f"admin:{actor}:{change}")
+    audit = app_state(request.app).security_layer.audit
+    if audit is not None:
         action, _, target = change.partition(":")
         details = {"policy_version": policy.version}
-        layer.audit.admin_change(get_principal(request.scope), action, target, details)
+        audit.admin_change(context.caller, action, target, details)
     return policy

@@ -22,16 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
-from inferflux.api.model_router import (
-    LifecycleDep,
-    LifecycleResult,
-    ModelLifecycle,
-    ModelsDep,
-    ModelView,
-)
 from inferflux.api.openapi import error_doc
+from inferflux.api.state import LifecycleDep, ModelsDep
 from inferflux.config.manifest import ManifestEntry
 from inferflux.errors import InvalidRequest
+from inferflux.models.protocol import LifecycleResult, ModelLifecycle, ModelView
 
 ADMIN_PREFIX = "/v1/admin"
 

@@ -1,6 +1,7 @@
-"""POST /chat: messages → chat template → tokens → engine → the native JSON response or SSE.
+"""POST /chat: messages for the model's chat template → the generation service → the
+native JSON response or SSE.
 
-Owns the route only; shapes live in `protocol.py`, the engine round trip in `generation.py`.
+Owns the route only; shapes live in `protocol.py`, the spec and the events in `render.py`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import serving_for
+from inferflux.api.deps import json_body
+from inferflux.api.generation import ChatPrompt, Generation, answer_model, respond
+from inferflux.api.model_lease import serving_for
 from inferflux.api.native.generate import STREAM_OR_JSON
-from inferflux.api.native.generation import Outcome, build_request, respond
 from inferflux.api.native.protocol import (
     NativeAssistantMessage,
     NativeChatRequest,
     NativeChatResponse,
 )
-from inferflux.api.openai.generation import check_model, tokenize
+from inferflux.api.native.render import NativeRenderer, Outcome, native_spec
+from inferflux.api.state import ContextDep, GenerationDep
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["native"])
 
@@ -31,21 +34,22 @@ ChatServing = Annotated[ServingState, Depends(serving_for(NativeChatRequest))]
 
 
 @router.post("/chat", responses={200: {"model": NativeChatResponse, **STREAM_OR_JSON}})
-async def chat(request: Request, body: ChatBody, serving: ChatServing) -> Response:
+async def chat(
+    request: Request,
+    body: ChatBody,
+    serving: ChatServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
     """A multi-turn conversation, rendered with the model's chat template; SSE or not."""
-    started_at = time.monotonic()
     created = int(time.time())
-    model = check_model(body.model, serving.model_info)
-    text = serving.chat_template.render([message.model_dump() for message in body.messages])
-    bos = serving.tokenizer.bos_text
-    token_ids = await tokenize(
-        serving.tokenizer, text, add_special=not (bos and text.startswith(bos))
-    )
-    add = build_request("chat", body, token_ids, serving.model_info, "messages")
+    model = answer_model(body.model, serving.model_info, context.caller)
+    prompt = ChatPrompt([message.model_dump() for message in body.messages])
+    spec = native_spec("chat", body, prompt, "messages")
 
     def build(outcome: Outcome) -> Response:
         response = NativeChatResponse(
-            request_id=add.request_id,
+            request_id=outcome.request_id,
             created=created,
             model=model,
             message=NativeAssistantMessage(content=outcome.text),
@@ -55,6 +59,8 @@ async def chat(request: Request, body: ChatBody, serving: ChatServing) -> Respon
         )
         return Response(response.model_dump_json(), media_type="application/json")
 
-    return await respond(
-        request, serving.engine, add, stream=body.stream, started_at=started_at, build=build
-    )
+    def renderer_for(started: Generation) -> NativeRenderer:
+        return NativeRenderer(started.response_id, build)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=body.stream)

@@ -14,10 +14,12 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import serving_for
-from inferflux.api.openai.embeddings import MAX_INPUTS, run_embed, token_lists_of
-from inferflux.api.openai.generation import CLIENT_CLOSED_REQUEST, check_model
+from inferflux.api.deps import json_body
+from inferflux.api.generation import CLIENT_CLOSED_REQUEST, answer_model, embed_or_disconnect
+from inferflux.api.generation.embedding import MAX_INPUTS, token_lists_of
+from inferflux.api.model_lease import serving_for
+from inferflux.api.state import ContextDep, GenerationDep
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["native"])
 
@@ -63,13 +65,17 @@ EmbeddingsServing = Annotated[ServingState, Depends(serving_for(EmbeddingsReques
 
 @router.post("/embeddings", responses={200: {"model": EmbeddingsResponse}})
 async def embeddings(
-    request: Request, body: EmbeddingsBody, serving: EmbeddingsServing
+    request: Request,
+    body: EmbeddingsBody,
+    serving: EmbeddingsServing,
+    context: ContextDep,
+    generation: GenerationDep,
 ) -> Response:
     """One vector per input text: the mean of the model's hidden states, L2-normalized."""
     info = serving.model_info
-    model = check_model(body.model, info)
+    model = answer_model(body.model, info, context.caller)
     token_lists = await token_lists_of(body.input, serving.tokenizer, info.n_vocab, info.n_ctx)
-    result = await run_embed(request, serving, token_lists)
+    result = await embed_or_disconnect(request, generation, serving, token_lists, context)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     tokens, vectors = result.num_prompt_tokens, result.vectors

@@ -1,6 +1,7 @@
-"""POST /generate: a raw prompt → tokens → engine → the native JSON response or SSE stream.
+"""POST /generate: a raw prompt → the generation service → the native JSON response or SSE
+stream.
 
-Owns the route only; shapes live in `protocol.py`, the engine round trip in `generation.py`.
+Owns the route only; shapes live in `protocol.py`, the spec and the events in `render.py`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import serving_for
-from inferflux.api.native.generation import Outcome, build_request, respond
+from inferflux.api.deps import json_body
+from inferflux.api.generation import Generation, TextPrompt, answer_model, respond
+from inferflux.api.model_lease import serving_for
 from inferflux.api.native.protocol import NativeGenerateRequest, NativeGenerateResponse
-from inferflux.api.openai.generation import check_model, tokenize
+from inferflux.api.native.render import NativeRenderer, Outcome, native_spec
 from inferflux.api.openapi import event_stream
+from inferflux.api.state import ContextDep, GenerationDep
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["native"])
 
@@ -33,17 +36,21 @@ GenerateServing = Annotated[ServingState, Depends(serving_for(NativeGenerateRequ
 
 
 @router.post("/generate", responses={200: {"model": NativeGenerateResponse, **STREAM_OR_JSON}})
-async def generate(request: Request, body: GenerateBody, serving: GenerateServing) -> Response:
+async def generate(
+    request: Request,
+    body: GenerateBody,
+    serving: GenerateServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
     """Continue `prompt` (no chat template); streaming (SSE) or not."""
-    started_at = time.monotonic()
     created = int(time.time())
-    model = check_model(body.model, serving.model_info)
-    token_ids = await tokenize(serving.tokenizer, body.prompt, add_special=True)
-    add = build_request("gen", body, token_ids, serving.model_info, "prompt")
+    model = answer_model(body.model, serving.model_info, context.caller)
+    spec = native_spec("gen", body, TextPrompt(body.prompt, add_special=True), "prompt")
 
     def build(outcome: Outcome) -> Response:
         response = NativeGenerateResponse(
-            request_id=add.request_id,
+            request_id=outcome.request_id,
             created=created,
             model=model,
             text=outcome.text,
@@ -53,6 +60,8 @@ async def generate(request: Request, body: GenerateBody, serving: GenerateServin
         )
         return Response(response.model_dump_json(), media_type="application/json")
 
-    return await respond(
-        request, serving.engine, add, stream=body.stream, started_at=started_at, build=build
-    )
+    def renderer_for(started: Generation) -> NativeRenderer:
+        return NativeRenderer(started.response_id, build)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=body.stream)

@@ -4,7 +4,7 @@ Owns: the request shapes and their static bounds, and every response shape the n
 routes send (the JSON body, and each SSE event of a stream). Responses are built as these
 models and serialized by them, so what a client reads always parses back into the same
 model (spec requirement 11.5). Does not own: checks that need the model (context length:
-`api/openai/generation.py`) or the engine round trip (`native/generation.py`).
+the generation service's planner) or the events of a stream (`native/render.py`).
 
 Validation is strict (JSON types are never coerced) and unknown fields are refused.
 Finish reasons keep the engine's own names (`stop`, `length`, `stop_sequence`, `abort`),
@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferflux.api.openai.protocol import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from inferflux.api.generation.limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from inferflux.engine.messages import Priority, SamplingParams
 
 MAX_TOP_K = 2**31 - 1  # llama.cpp takes an int32

@@ -1,9 +1,9 @@
 """Ollama-compatible routes (`/api/*` and `/`): Ollama clients work unchanged.
 
-Modules: `protocol` (request bodies, options → sampling), `responder` (NDJSON, metrics,
-the engine round trip), `generate`, `chat`, `embed`, `models` (tags, show, ps, version,
-`/`). Errors on `/api/*` use Ollama's `{"error": "..."}` body (`api/errors.py`).
-`router` bundles every route.
+Modules: `protocol` (request bodies, options → sampling, `format`), `render` (NDJSON,
+metrics: the generation service's events as Ollama's lines), `generate`, `chat`, `embed`,
+`models` (tags, show, ps, version, `/`). Errors on `/api/*` use Ollama's
+`{"error": "..."}` body (`api/errors.py`). `router` bundles every route.
 """
 
 from fastapi import APIRouter

@@ -18,14 +18,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import serving_for
+from inferflux.api.deps import json_body
+from inferflux.api.generation import CLIENT_CLOSED_REQUEST, embed_or_disconnect, tokenize
+from inferflux.api.model_lease import serving_for
 from inferflux.api.ollama.models import resolve_model
 from inferflux.api.ollama.protocol import OllamaEmbeddingsRequest, OllamaEmbedRequest
-from inferflux.api.ollama.responder import json_response
-from inferflux.api.openai.generation import CLIENT_CLOSED_REQUEST, tokenize, until_disconnect
-from inferflux.engine.protocol import EmbeddingResult
+from inferflux.api.ollama.render import json_response
+from inferflux.api.state import ContextDep, GenerationDep
 from inferflux.errors import InvalidRequest
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["ollama"])
 EmbedBody = Annotated[OllamaEmbedRequest, Depends(json_body(OllamaEmbedRequest))]
@@ -67,24 +68,22 @@ async def embed_token_ids(
     return inputs
 
 
-async def run_embed(
-    request: Request, serving: ServingState, inputs: list[list[int]], *, normalize: bool
-) -> EmbeddingResult | None:
-    """The engine's vectors, or None when the client went away first (the engine call is
-    cancelled, which drops it in the engine)."""
-    return await until_disconnect(request, serving.engine.embed(inputs, normalize=normalize))
-
-
 EmbedServing = Annotated[ServingState, Depends(serving_for(OllamaEmbedRequest))]
 
 EmbeddingsServing = Annotated[ServingState, Depends(serving_for(OllamaEmbeddingsRequest))]
 
 
 @router.post("/api/embed")
-async def embed(request: Request, body: EmbedBody, serving: EmbedServing) -> Response:
+async def embed(
+    request: Request,
+    body: EmbedBody,
+    serving: EmbedServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
     """Ollama's embed: normalized vectors for one input or a list."""
     started_ns = time.monotonic_ns()
-    model = resolve_model(body.model, serving.model_info)
+    model = resolve_model(body.model, serving.model_info, context.caller)
     texts = body.inputs()
     if len(texts) > MAX_EMBED_INPUTS:
         raise InvalidRequest(f"at most {MAX_EMBED_INPUTS} inputs per request", param="input")
@@ -100,7 +99,7 @@ async def embed(request: Request, body: EmbedBody, serving: EmbedServing) -> Res
         texts, serving, truncate=body.truncate is not False, param="input"
     )
     submitted_ns = time.monotonic_ns()
-    result = await run_embed(request, serving, inputs, normalize=True)
+    result = await embed_or_disconnect(request, generation, serving, inputs, context)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return json_response(
@@ -116,14 +115,20 @@ async def embed(request: Request, body: EmbedBody, serving: EmbedServing) -> Res
 
 @router.post("/api/embeddings")
 async def embeddings(
-    request: Request, body: EmbeddingsBody, serving: EmbeddingsServing
+    request: Request,
+    body: EmbeddingsBody,
+    serving: EmbeddingsServing,
+    context: ContextDep,
+    generation: GenerationDep,
 ) -> Response:
     """Ollama's legacy embeddings: one prompt, its raw vector."""
-    resolve_model(body.model, serving.model_info)
+    resolve_model(body.model, serving.model_info, context.caller)
     if not body.prompt:
         return json_response({"embedding": []})
     inputs = await embed_token_ids([body.prompt], serving, truncate=True, param="prompt")
-    result = await run_embed(request, serving, inputs, normalize=False)
+    result = await embed_or_disconnect(
+        request, generation, serving, inputs, context, normalize=False
+    )
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return json_response({"embedding": result.vectors[0]})

@@ -15,49 +15,100 @@ request ends; negative: forever); the default model is never unloaded.
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import ModelRouter, ModelsDep, serving_for
-from inferflux.api.ollama.models import resolve_model
-from inferflux.api.ollama.protocol import OllamaGenerateRequest, format_constraint
-from inferflux.api.ollama.responder import (
-    Progress,
-    build_request,
-    created_at,
-    json_response,
+from inferflux.api.deps import json_body
+from inferflux.api.generation import (
+    ChatPrompt,
+    ChoiceResult,
+    GenerationSpec,
+    Part,
+    Prompt,
+    SamplingParams,
+    TextPrompt,
+    Timings,
     respond,
 )
-from inferflux.api.openai.generation import check_token_ids, tokenize
+from inferflux.api.model_lease import serving_for
+from inferflux.api.ollama.models import resolve_model
+from inferflux.api.ollama.protocol import (
+    GenerationBody,
+    OllamaGenerateRequest,
+    format_output,
+    requested_max_tokens,
+    sampling_params,
+)
+from inferflux.api.ollama.render import (
+    OllamaRenderer,
+    created_at,
+    done_fields,
+    json_response,
+    metrics_of,
+)
+from inferflux.api.state import ContextDep, GenerationDep, ModelsDep
 from inferflux.errors import InvalidRequest
+from inferflux.models.protocol import ModelDirectory
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["ollama"])
 GenerateBody = Annotated[OllamaGenerateRequest, Depends(json_body(OllamaGenerateRequest))]
 
 
+def _text(parts: list[Part]) -> str:
+    return "".join(p for p in parts if isinstance(p, str))
+
+
 class GenerateShape:
     """`/api/generate` objects for one request."""
 
-    def __init__(self, model: str, prompt_token_ids: list[int]) -> None:
+    def __init__(self, model: str) -> None:
         self.model = model
-        self.prompt_token_ids = prompt_token_ids
 
-    def piece(self, text: str) -> dict[str, object]:
-        return {"model": self.model, "created_at": created_at(), "response": text, "done": False}
-
-    def final(self, text: str, progress: Progress) -> dict[str, object]:
+    def piece(self, parts: list[Part]) -> dict[str, object]:
+        response = _text(parts)
         return {
             "model": self.model,
             "created_at": created_at(),
-            "response": text,
-            **progress.done_fields(),
-            "context": self.prompt_token_ids + progress.output_token_ids,
-            **progress.metrics(),
+            "response": response,
+            "done": False,
         }
+
+    def final(self, parts: list[Part], result: ChoiceResult, timings: Timings) -> dict[str, object]:
+        context = result.choice.request.prompt_token_ids + result.output_token_ids
+        return {
+            "model": self.model,
+            "created_at": created_at(),
+            "response": _text(parts),
+            **done_fields(result),
+            "context": context,
+            **metrics_of(result, timings),
+        }
+
+
+def ollama_spec(
+    id_prefix: str, body: GenerationBody, prompt: Prompt, serving: ServingState, param: str
+) -> GenerationSpec:
+    """One choice of `prompt` under Ollama's `options` (a `num_predict` the context cannot
+    hold is lowered to what it leaves, as Ollama does) and `format`."""
+    n_ctx = serving.model_info.n_ctx
+    logprobs = body.num_logprobs()
+
+    def sampling(max_tokens: int) -> SamplingParams:
+        return sampling_params(body.options, max_tokens=max_tokens, n_ctx=n_ctx, logprobs=logprobs)
+
+    return GenerationSpec(
+        id_prefix=id_prefix,
+        prompts=[prompt],
+        sampling=sampling,
+        prompt_param=param,
+        max_tokens=requested_max_tokens(body.options),
+        clamp_max_tokens=True,
+        priority=body.engine_priority(),
+        output=format_output(body.format),
+    )
 
 
 def load_response(model: str, keep_alive_s: float | None, message: bool) -> dict[str, object]:
@@ -73,7 +124,7 @@ def load_response(model: str, keep_alive_s: float | None, message: bool) -> dict
     return body
 
 
-def keep_alive(models: ModelRouter, serving: ServingState, seconds: float | None) -> None:
+def keep_alive(models: ModelDirectory, serving: ServingState, seconds: float | None) -> None:
     """Apply a request's `keep_alive` (seconds; None: the model keeps its deadline)."""
     if seconds is not None:
         models.keep_alive(serving.model_info.model_id, seconds)
@@ -93,21 +144,19 @@ def check_supported(body: OllamaGenerateRequest) -> None:
         )
 
 
-async def prompt_token_ids(body: OllamaGenerateRequest, serving: ServingState) -> list[int]:
-    """`context` (checked against the vocabulary) followed by the new prompt's tokens.
-    BOS is added only when there is no context and the text does not start with it."""
+def generate_prompt(body: OllamaGenerateRequest) -> Prompt:
+    """`context` (checked against the vocabulary) followed by the new prompt: the raw
+    text, or system + prompt through the chat template. BOS is added only when there is
+    no context and the text does not start with it."""
     context = list(body.context or [])
-    check_token_ids(context, serving.model_info.n_vocab, "context")
     text = body.prompt or ""
-    if not body.raw:
-        messages: list[dict[str, object]] = []
-        if body.system:
-            messages.append({"role": "system", "content": body.system})
-        messages.append({"role": "user", "content": text})
-        text = serving.chat_template.render(messages)
-    bos = serving.tokenizer.bos_text
-    add_special = not context and not (bos and text.startswith(bos))
-    return context + await tokenize(serving.tokenizer, text, add_special=add_special)
+    if body.raw:
+        return TextPrompt(text, context_token_ids=context)
+    messages: list[dict[str, object]] = []
+    if body.system:
+        messages.append({"role": "system", "content": body.system})
+    messages.append({"role": "user", "content": text})
+    return ChatPrompt(messages, context_token_ids=context)
 
 
 GenerateServing = Annotated[ServingState, Depends(serving_for(OllamaGenerateRequest))]
@@ -115,24 +164,20 @@ GenerateServing = Annotated[ServingState, Depends(serving_for(OllamaGenerateRequ
 
 @router.post("/api/generate")
 async def generate(
-    request: Request, body: GenerateBody, serving: GenerateServing, models: ModelsDep
+    request: Request,
+    body: GenerateBody,
+    serving: GenerateServing,
+    models: ModelsDep,
+    context: ContextDep,
+    generation: GenerationDep,
 ) -> Response:
     """Ollama's generate: NDJSON unless `stream` is false."""
-    progress = Progress(started_ns=time.monotonic_ns())
-    model = resolve_model(body.model, serving.model_info)
+    model = resolve_model(body.model, serving.model_info, context.caller)
     keep_alive(models, serving, body.keep_alive_s())
     check_supported(body)
-    output = await format_constraint(body.format, serving.constraints)
+    spec = ollama_spec("ollama-gen", body, generate_prompt(body), serving, "prompt")
     if not body.prompt:
         return json_response(load_response(model, body.keep_alive_s(), message=False))
-    token_ids = await prompt_token_ids(body, serving)
-    add = build_request(
-        "ollama-gen",
-        body,
-        token_ids,
-        serving.model_info,
-        "prompt",
-        output.grammar if output else None,
-    )
-    shape = GenerateShape(model, token_ids)
-    return await respond(request, serving, add, shape, progress, stream=body.streaming())
+    renderer = OllamaRenderer(GenerateShape(model), logprobs=body.num_logprobs() is not None)
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, lambda _: renderer, stream=body.streaming())

@@ -33,7 +33,6 @@ from inferflux.api.model_cards import (
     provisional_info,
     registered_metadata,
 )
-from inferflux.api.model_router import ModelsDep, ModelView
 from inferflux.api.ollama.protocol import (
     DEFAULT_REPEAT_LAST_N,
     DEFAULT_REPEAT_PENALTY,
@@ -42,11 +41,14 @@ from inferflux.api.ollama.protocol import (
     DEFAULT_TOP_P,
     OllamaShowRequest,
 )
-from inferflux.api.ollama.responder import json_response, rfc3339_nano
+from inferflux.api.ollama.render import json_response, rfc3339_nano
+from inferflux.api.state import ContextDep, ModelsDep
 from inferflux.engine.chat_template import fallback_template
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InvalidRequest, ModelLoadError, ModelNotFound
+from inferflux.models.protocol import ModelView
+from inferflux.security.principal import Principal
 from inferflux.security.rbac import authorize_model
 
 router = APIRouter(tags=["ollama"])
@@ -66,14 +68,14 @@ def ollama_name(info: ModelInfo) -> str:
     return info.model_id if ":" in info.model_id else f"{info.model_id}:latest"
 
 
-def resolve_model(requested: str | None, info: ModelInfo) -> str:
+def resolve_model(requested: str | None, info: ModelInfo, principal: Principal) -> str:
     """The name to answer with (the client's spelling). Raises InvalidRequest (400) when
     it is missing, ModelNotFound (404, Ollama's message) when it is not this model and
     PermissionDenied (403) when it is outside the caller's `allowed_models`."""
     if not requested:
         raise InvalidRequest("model is required", param="model")
     if requested == ollama_name(info) or info.serves(requested.removesuffix(":latest")):
-        authorize_model(*info.access_names(), ollama_name(info))
+        authorize_model(principal, *info.access_names(), ollama_name(info))
         return requested
     raise ModelNotFound(f"model '{requested}' not found", param="model")
 
@@ -185,19 +187,20 @@ async def _described(view: ModelView) -> tuple[ModelInfo, GgufMetadata] | None:
 
 
 @router.get("/api/tags")
-async def list_models(models: ModelsDep) -> Response:
+async def list_models(models: ModelsDep, context: ContextDep) -> Response:
     """Every registered model the caller may use (`allowed_models`), in Ollama's
     `/api/tags` shape (loaded or not)."""
     entries = []
     for view in models.models():
-        described = await _described(view) if view.listed() and may_see(view) else None
+        visible = view.listed() and may_see(view, context.caller)
+        described = await _described(view) if visible else None
         if described is not None:
             entries.append(model_entry(*described))
     return json_response({"models": entries})
 
 
 @router.post("/api/show")
-async def show_model(models: ModelsDep, body: ShowBody) -> Response:
+async def show_model(models: ModelsDep, body: ShowBody, context: ContextDep) -> Response:
     """Details, parameters, template and GGUF metadata of a model; a model that is not
     loaded is described from its file, without loading it."""
     name = body.model or body.name
@@ -208,7 +211,7 @@ async def show_model(models: ModelsDep, body: ShowBody) -> Response:
     if view is None or described is None:
         raise ModelNotFound(f"model '{name}' not found", param="model")
     info, meta = described
-    authorize_model(*info.access_names(), ollama_name(info))
+    authorize_model(context.caller, *info.access_names(), ollama_name(info))
     serving = models.resident(view.model_id)
     if serving is not None:
         template = serving.chat_template.source
@@ -219,12 +222,12 @@ async def show_model(models: ModelsDep, body: ShowBody) -> Response:
 
 
 @router.get("/api/ps")
-async def running_models(models: ModelsDep) -> Response:
+async def running_models(models: ModelsDep, context: ContextDep) -> Response:
     """The loaded models the caller may use whose engine takes requests, with their
     keep_alive deadline."""
     entries = []
     for view in models.models():
-        loaded = view.state == "loaded" and may_see(view)
+        loaded = view.state == "loaded" and may_see(view, context.caller)
         serving = models.resident(view.model_id) if loaded else None
         if serving is None or not serving.engine.ready:
             continue

@@ -22,11 +22,10 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from inferflux.api.openai.protocol import check_stop_sequences
-from inferflux.api.structured import OutputConstraint, schema_constraint
+from inferflux.api.generation.limits import check_stop_sequences
+from inferflux.api.generation.spec import JsonOutput, OutputSpec
 from inferflux.api.tools.parser import new_call_id
 from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
-from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
@@ -352,16 +351,14 @@ class OllamaEmbeddingsRequest(_Body):
     keep_alive: KeepAlive | None = None
 
 
-async def format_constraint(
-    format_: JsonValue, compiler: ConstraintCompiler
-) -> OutputConstraint | None:
+def format_output(format_: JsonValue) -> OutputSpec | None:
     """The constraint Ollama's `format` asks for: "json" (any JSON object) or a JSON
-    schema; None when absent. Raises InvalidRequest (400) for anything else, or a schema
-    that is invalid or cannot be enforced (api/structured.py)."""
+    schema; None when absent. Raises InvalidRequest (400) for anything else; the service
+    compiles it (a schema that is invalid or cannot be enforced is a 400 there)."""
     if format_ is None or format_ == "":
         return None
     if format_ == "json":
-        return await schema_constraint(compiler, None, "format")
+        return JsonOutput(None, "format")
     if isinstance(format_, dict):
-        return await schema_constraint(compiler, format_, "format")
+        return JsonOutput(format_, "format")
     raise InvalidRequest('invalid format: expected "json" or a JSON schema object', param="format")

@@ -1,10 +1,10 @@
-"""POST /v1/chat/completions: messages → chat template → tokens → n engine requests →
-OpenAI JSON or SSE.
+"""POST /v1/chat/completions: the request as a `GenerationSpec` (messages for the chat
+template, n choices, tools, the output constraint), run by the generation service, and
+each choice rendered as a `chat.completion` (JSON) or `chat.completion.chunk`s (SSE).
 
-Owns the plain chat choice shape (`ChatChoice`). Validation lives in `protocol.py` and
-`compat.py`, the n-choice round trip in `responder.py`, template rendering in
-`engine/chat_template.py`, and tool calling (prompt, grammar, `tool_calls` shapes) in
-`chat_tools.py` over `api/tools/`.
+Owns the plain chat choice shape (`ChatChoice`) and the chat spec (`chat_spec`).
+Validation lives in `protocol.py` and `compat.py`, the response in `render.py`, tool
+calls (their resolution and choice shape) in `chat_tools.py` over `api/tools/`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,27 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import ChatBody, ServingState
-from inferflux.api.model_router import serving_for
-from inferflux.api.openai.chat_tools import ToolChatChoice, plan_chat_tools
+from inferflux.api.deps import json_body
+from inferflux.api.generation import (
+    ChatPrompt,
+    ChoiceOpened,
+    ChoiceResult,
+    Generation,
+    GenerationSpec,
+    Part,
+    TokenEntry,
+    answer_model,
+    respond,
+)
+from inferflux.api.model_lease import serving_for
+from inferflux.api.openai.chat_tools import ToolChatChoice, resolve_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope, chat_chunk_choice
-from inferflux.api.openai.generation import check_model, output_constraint, tokenize_chat
-from inferflux.api.openai.logprobs import TokenEntry, TokenTexts, chat_logprobs
+from inferflux.api.openai.logprobs import chat_logprobs
 from inferflux.api.openai.protocol import ChatCompletionRequest
-from inferflux.api.openai.responder import Choice, ChoiceRenderer, Responder, build_choices
-from inferflux.api.tools import tools_constraint
-from inferflux.engine.messages import RequestDelta
+from inferflux.api.openai.render import ChoiceRenderer, OpenAIRenderer, finish_reason_of
+from inferflux.api.state import ContextDep, GenerationDep
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["openai"])
 
@@ -44,62 +54,73 @@ class ChatChoice:
     def opening(self) -> dict[str, object] | None:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
+    def piece(self, parts: list[Part], entries: list[TokenEntry]) -> list[dict[str, object]]:
         logprobs = chat_logprobs(entries) if self.logprobs else None
+        text = "".join(p for p in parts if isinstance(p, str))
         return [self._chunk({"content": text}, None, logprobs)]
 
-    def finish(self, finish_reason: str) -> list[dict[str, object]]:
-        return [self._chunk({}, finish_reason)]
+    def finish(self, parts: list[Part], result: ChoiceResult) -> list[dict[str, object]]:
+        return [self._chunk({}, finish_reason_of(result))]
 
-    def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
+    def final(self, result: ChoiceResult) -> dict[str, object]:
         return {
             "index": self.index,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": chat_logprobs(entries) if self.logprobs else None,
-            "finish_reason": finish_reason,
+            "message": {"role": "assistant", "content": result.text, "refusal": None},
+            "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
+            "finish_reason": finish_reason_of(result),
         }
 
 
+def chat_spec(body: ChatCompletionRequest, serving: ServingState) -> GenerationSpec:
+    """The request in the service's terms. Raises InvalidRequest for bad tools (their
+    parameter schemas held to the `structured_output.*` bounds) and a bad constraint."""
+    tools = resolve_chat_tools(body, serving.constraints)
+    return GenerationSpec(
+        id_prefix="chatcmpl",
+        prompts=[ChatPrompt(body.template_messages(), tools)],
+        sampling=body.sampling_params,
+        prompt_param="messages",
+        n=body.num_choices(),
+        max_tokens=body.requested_max_tokens(),
+        priority=body.engine_priority(),
+        output=body.output_spec(),
+    )
+
+
+ChatBody = Annotated[ChatCompletionRequest, Depends(json_body(ChatCompletionRequest))]
 ChatServing = Annotated[ServingState, Depends(serving_for(ChatCompletionRequest))]
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(
-    request: Request, body: ChatBody, serving: ChatServing
+    request: Request,
+    body: ChatBody,
+    serving: ChatServing,
+    context: ContextDep,
+    generation: GenerationDep,
 ) -> Response:
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
-    model = check_model(body.model, serving.model_info)
+    model = answer_model(body.model, serving.model_info, context.caller)
     reject_unsupported(body)
-    tools = plan_chat_tools(body, serving.chat_template, serving.tokenizer, serving.constraints)
-    output = await output_constraint(body, serving.constraints)
-    if tools.plan is not None:
-        output = await tools_constraint(tools, output, serving.constraints)
-    token_ids = await tokenize_chat(
-        serving.tokenizer, serving.chat_template, tools.messages, tools=tools.template_tools
-    )
-    response_id, choices = build_choices(
-        "chatcmpl",
-        body,
-        [token_ids],
-        serving.model_info,
-        "messages",
-        output.grammar if output else None,
-    )
-    envelope = ChunkEnvelope(
-        response_id,
-        model,
-        serving.system_fingerprint,
-        object_names=("chat.completion", "chat.completion.chunk"),
-        include_usage=body.include_usage(),
-    )
+    spec = chat_spec(body, serving)
+    logprobs = bool(body.logprobs)
 
-    def make_renderer(choice: Choice, first: RequestDelta) -> ChoiceRenderer:
-        logprobs = bool(body.logprobs)
-        if tools.plan is None:
-            return ChatChoice(choice.index, logprobs=logprobs)
-        return ToolChatChoice(
-            choice.index, logprobs=logprobs, tool_format=tools.tool_format, plan=tools.plan
+    def renderer_for(started: Generation) -> OpenAIRenderer:
+        envelope = ChunkEnvelope(
+            started.response_id,
+            model,
+            serving.system_fingerprint,
+            object_names=("chat.completion", "chat.completion.chunk"),
+            include_usage=body.include_usage(),
         )
 
-    responder = Responder(envelope, choices, TokenTexts(serving.tokenizer), make_renderer, output)
-    return await responder.respond(request, serving.engine, stream=bool(body.stream))
+        def choice(opened: ChoiceOpened) -> ChoiceRenderer:
+            index = opened.choice.index
+            if not started.plan.calls_tools:
+                return ChatChoice(index, logprobs=logprobs)
+            return ToolChatChoice(index, logprobs=logprobs)
+
+        return OpenAIRenderer(envelope, started, choice)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=bool(body.stream))

@@ -1,5 +1,5 @@
-"""Tool calling on /v1/chat/completions: the request side (`plan_chat_tools`) and the
-choice shape that turns generated text into `tool_calls` (`ToolChatChoice`).
+"""Tool calling on /v1/chat/completions: the request side (`resolve_chat_tools`) and the
+choice shape that renders the calls the generation service parsed (`ToolChatChoice`).
 
 Owns the OpenAI tool-call response shapes:
 
@@ -8,47 +8,35 @@ Owns the OpenAI tool-call response shapes:
   `finish_reason` "tool_calls" when the model stopped after calling;
 - streamed: per call, a header delta `{index, id, type, function: {name, arguments: ""}}`
   then its arguments (`{index, function: {arguments}}`); `index` counts calls within the
-  choice. The call markup (`<tool_call>`...) is never streamed as content: the parser
-  (`api/tools/parser.py`) holds back text that may start a call.
+  choice. The call markup (`<tool_call>`...) is never streamed as content: the service's
+  parser (`api/tools/parser.py`) holds back text that may start a call.
 
 The formats, the prompt, the grammar and the parser live in `api/tools/`.
 """
 
 from __future__ import annotations
 
+from inferflux.api.generation import ChoiceResult, Part, TokenEntry
 from inferflux.api.openai.envelope import chat_chunk_choice
-from inferflux.api.openai.logprobs import TokenEntry, chat_logprobs
+from inferflux.api.openai.logprobs import chat_logprobs
 from inferflux.api.openai.protocol import ChatCompletionRequest
-from inferflux.api.tools import (
-    ChatTools,
-    ToolCall,
-    ToolCallParser,
-    ToolFormat,
-    ToolPlan,
-    plan_tools,
-    resolve_tools,
-)
-from inferflux.engine.chat_template import ChatTemplate
+from inferflux.api.openai.render import finish_reason_of
+from inferflux.api.tools import ToolCall, ToolPlan, resolve_tools
 from inferflux.engine.grammar import ConstraintCompiler
-from inferflux.engine.protocol import Tokenizer
 
 
-def plan_chat_tools(
-    body: ChatCompletionRequest,
-    template: ChatTemplate,
-    tokenizer: Tokenizer,
-    compiler: ConstraintCompiler,
-) -> ChatTools:
-    """Resolve `tools` / `tool_choice` / `parallel_tool_calls` and the message history
-    against the template. Raises InvalidRequest naming the field at fault (parameter
-    schemas are held to the `structured_output.*` bounds first)."""
-    plan = resolve_tools(
+def resolve_chat_tools(
+    body: ChatCompletionRequest, compiler: ConstraintCompiler
+) -> ToolPlan | None:
+    """Resolve `tools` / `tool_choice` / `parallel_tool_calls` (None: the model may call
+    none). Raises InvalidRequest naming the field at fault (parameter schemas are held to
+    the `structured_output.*` bounds first)."""
+    return resolve_tools(
         body.tools,
         body.tool_choice,
         body.parallel_tool_calls,
         check_bounds=compiler.check_schema_bounds,
     )
-    return plan_tools(body.template_messages(), plan, template, tokenizer)
 
 
 def tool_call_dict(call: ToolCall) -> dict[str, object]:
@@ -57,21 +45,13 @@ def tool_call_dict(call: ToolCall) -> dict[str, object]:
     return {"id": call.id, "type": "function", "function": function}
 
 
-def finish_reason_with_calls(finish_reason: str, num_calls: int) -> str:
-    """ "tool_calls" when the model stopped after calling, else the engine's reason."""
-    return "tool_calls" if num_calls and finish_reason == "stop" else finish_reason
-
-
 class ToolChatChoice:
-    """A chat choice whose text may hold tool calls (the `ChoiceRenderer` of a request
-    with a tool plan). One instance per choice; it keeps the streaming parser."""
+    """A chat choice whose parts may hold tool calls (the `ChoiceRenderer` of a request
+    with a tool plan). One instance per choice; it numbers the streamed calls."""
 
-    def __init__(self, index: int, *, logprobs: bool, tool_format: ToolFormat, plan: ToolPlan):
+    def __init__(self, index: int, *, logprobs: bool) -> None:
         self.index = index
         self.logprobs = logprobs
-        self.tool_format = tool_format
-        self.names = plan.names()
-        self.parser = ToolCallParser(tool_format, self.names)
         self.num_streamed_calls = 0
 
     def _chunk(
@@ -79,41 +59,38 @@ class ToolChatChoice:
     ) -> dict[str, object]:
         return chat_chunk_choice(self.index, delta, finish_reason, logprobs)
 
-    def _deltas(self, events: list[str | ToolCall]) -> list[dict[str, object]]:
-        """Deltas of parser events: content, or a call's header then its arguments."""
+    def _deltas(self, parts: list[Part]) -> list[dict[str, object]]:
+        """Deltas of parts: content, or a call's header then its arguments."""
         deltas: list[dict[str, object]] = []
-        for event in events:
-            if isinstance(event, str):
-                deltas.append({"content": event})
+        for part in parts:
+            if isinstance(part, str):
+                deltas.append({"content": part})
                 continue
             index, self.num_streamed_calls = self.num_streamed_calls, self.num_streamed_calls + 1
-            function = {"name": event.name, "arguments": ""}
-            header = {"index": index, "id": event.id, "type": "function", "function": function}
-            arguments = {"index": index, "function": {"arguments": event.arguments}}
+            function = {"name": part.name, "arguments": ""}
+            header = {"index": index, "id": part.id, "type": "function", "function": function}
+            arguments = {"index": index, "function": {"arguments": part.arguments}}
             deltas += [{"tool_calls": [header]}, {"tool_calls": [arguments]}]
         return deltas
 
     def opening(self) -> dict[str, object] | None:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
-        deltas = self._deltas(self.parser.push(text))
+    def piece(self, parts: list[Part], entries: list[TokenEntry]) -> list[dict[str, object]]:
+        deltas = self._deltas(parts)
         if not (self.logprobs and entries):
             return [self._chunk(delta, None) for delta in deltas]
         logprobs = chat_logprobs(entries)
         first, rest = (deltas[0], deltas[1:]) if deltas else ({}, [])
         return [self._chunk(first, None, logprobs)] + [self._chunk(d, None) for d in rest]
 
-    def finish(self, finish_reason: str) -> list[dict[str, object]]:
-        chunks = [self._chunk(delta, None) for delta in self._deltas(self.parser.finish())]
-        reason = finish_reason_with_calls(finish_reason, self.parser.num_calls)
-        return [*chunks, self._chunk({}, reason)]
+    def finish(self, parts: list[Part], result: ChoiceResult) -> list[dict[str, object]]:
+        chunks = [self._chunk(delta, None) for delta in self._deltas(parts)]
+        return [*chunks, self._chunk({}, finish_reason_of(result))]
 
-    def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
-        parser = ToolCallParser(self.tool_format, self.names)
-        events = parser.push(text) + parser.finish()
-        calls = [e for e in events if isinstance(e, ToolCall)]
-        content: str | None = "".join(e for e in events if isinstance(e, str))
+    def final(self, result: ChoiceResult) -> dict[str, object]:
+        calls = [p for p in result.parts if isinstance(p, ToolCall)]
+        content: str | None = "".join(p for p in result.parts if isinstance(p, str))
         message: dict[str, object] = {"role": "assistant", "content": content, "refusal": None}
         if calls:
             message["content"] = (content or "").strip() or None
@@ -121,6 +98,6 @@ class ToolChatChoice:
         return {
             "index": self.index,
             "message": message,
-            "logprobs": chat_logprobs(entries) if self.logprobs else None,
-            "finish_reason": finish_reason_with_calls(finish_reason, len(calls)),
+            "logprobs": chat_logprobs(result.logprobs) if self.logprobs else None,
+            "finish_reason": finish_reason_of(result),
         }

@@ -1,10 +1,10 @@
-"""POST /v1/completions: prompt(s) (text or token ids) → n engine requests each → OpenAI
-JSON or SSE.
+"""POST /v1/completions: prompt(s) (text or token ids) as a `GenerationSpec`, n choices
+each, run by the generation service and rendered as `text_completion` JSON or SSE.
 
 Owns the `text_completion` choice shapes (`CompletionChoice`), including `echo` (the
-prompt's text, and with `logprobs` the prompt's token logprobs, first one null).
-Validation lives in `protocol.py` and `compat.py`, the n-choice round trip in
-`responder.py`.
+prompt's text, and with `logprobs` the prompt's token logprobs, first one null), and the
+completion spec. Validation lives in `protocol.py` and `compat.py`, the response in
+`render.py`.
 """
 
 from __future__ import annotations
@@ -14,26 +14,28 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferflux.api.deps import CompletionBody, ServingState
-from inferflux.api.model_router import serving_for
+from inferflux.api.deps import json_body
+from inferflux.api.generation import (
+    ChoiceOpened,
+    ChoiceResult,
+    Generation,
+    GenerationSpec,
+    Part,
+    Prompt,
+    TextPrompt,
+    TokenEntry,
+    TokenPrompt,
+    answer_model,
+    respond,
+)
+from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import ChunkEnvelope
-from inferflux.api.openai.generation import (
-    check_model,
-    check_token_ids,
-    output_constraint,
-    tokenize,
-)
-from inferflux.api.openai.logprobs import (
-    CompletionLogprobs,
-    TokenEntry,
-    TokenTexts,
-    prompt_entries,
-)
+from inferflux.api.openai.logprobs import CompletionLogprobs
 from inferflux.api.openai.protocol import CompletionRequest
-from inferflux.api.openai.responder import Choice, Responder, build_choices
-from inferflux.engine.messages import RequestDelta
-from inferflux.engine.protocol import Tokenizer
+from inferflux.api.openai.render import OpenAIRenderer, finish_reason_of
+from inferflux.api.state import ContextDep, GenerationDep
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["openai"])
 
@@ -73,60 +75,75 @@ class CompletionChoice:
             return None
         return self._choice(self.echo, self.echo_entries, None)
 
-    def piece(self, text: str, entries: list[TokenEntry]) -> list[dict[str, object]]:
+    def piece(self, parts: list[Part], entries: list[TokenEntry]) -> list[dict[str, object]]:
+        text = "".join(p for p in parts if isinstance(p, str))
         return [self._choice(text, entries, None)]
 
-    def finish(self, finish_reason: str) -> list[dict[str, object]]:
+    def finish(self, parts: list[Part], result: ChoiceResult) -> list[dict[str, object]]:
+        finish_reason = finish_reason_of(result)
         return [{"text": "", "index": self.index, "logprobs": None, "finish_reason": finish_reason}]
 
-    def final(self, text: str, entries: list[TokenEntry], finish_reason: str) -> dict[str, object]:
+    def final(self, result: ChoiceResult) -> dict[str, object]:
+        text, entries = result.text, result.logprobs
         if self.echo is not None:
             text, entries = self.echo + text, self.echo_entries + entries
-        return self._choice(text, entries, finish_reason)
+        return self._choice(text, entries, finish_reason_of(result))
 
 
-async def _prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], n_vocab: int) -> list[int]:
-    if isinstance(prompt, str):
-        return await tokenize(tokenizer, prompt, add_special=True)
-    check_token_ids(prompt, n_vocab, "prompt")
-    return prompt
+def _prompt(prompt: str | list[int]) -> Prompt:
+    return TextPrompt(prompt, add_special=True) if isinstance(prompt, str) else TokenPrompt(prompt)
 
 
+def completion_spec(body: CompletionRequest) -> GenerationSpec:
+    """The request in the service's terms (several prompts, n choices each)."""
+    return GenerationSpec(
+        id_prefix="cmpl",
+        prompts=[_prompt(prompt) for prompt in body.prompt_inputs()],
+        sampling=body.sampling_params,
+        prompt_param="prompt",
+        n=body.num_choices(),
+        max_tokens=body.requested_max_tokens(),
+        priority=body.engine_priority(),
+        output=body.output_spec(),
+    )
+
+
+CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]
 CompletionServing = Annotated[ServingState, Depends(serving_for(CompletionRequest))]
 
 
 @router.post("/v1/completions")
 async def create_completion(
-    request: Request, body: CompletionBody, serving: CompletionServing
+    request: Request,
+    body: CompletionBody,
+    serving: CompletionServing,
+    context: ContextDep,
+    generation: GenerationDep,
 ) -> Response:
     """OpenAI (legacy) text completions: several prompts, n choices each, streaming or not."""
-    model = check_model(body.model, serving.model_info)
+    model = answer_model(body.model, serving.model_info, context.caller)
     reject_unsupported(body)
-    output = await output_constraint(body, serving.constraints)
     prompts = body.prompt_inputs()
-    n_vocab = serving.model_info.n_vocab
-    prompt_ids = [await _prompt_ids(serving.tokenizer, p, n_vocab) for p in prompts]
-    response_id, choices = build_choices(
-        "cmpl", body, prompt_ids, serving.model_info, "prompt", output.grammar if output else None
-    )
-    envelope = ChunkEnvelope(
-        response_id,
-        model,
-        serving.system_fingerprint,
-        object_names=("text_completion", "text_completion"),
-        include_usage=body.include_usage(),
-    )
-    texts = TokenTexts(serving.tokenizer)
+    logprobs = body.logprobs is not None
 
-    def make_renderer(choice: Choice, first: RequestDelta) -> CompletionChoice:
-        logprobs = body.logprobs is not None
+    def choice(opened: ChoiceOpened) -> CompletionChoice:
+        index = opened.choice.index
         if not body.echo:
-            return CompletionChoice(choice.index, logprobs=logprobs)
-        prompt = prompts[choice.prompt_index]
-        ids = choice.add.prompt_token_ids
+            return CompletionChoice(index, logprobs=logprobs)
+        prompt = prompts[opened.choice.prompt_index]
         echo = prompt if isinstance(prompt, str) else serving.tokenizer.detokenize(prompt)
-        entries = prompt_entries(texts, ids, first) if logprobs else None
-        return CompletionChoice(choice.index, logprobs=logprobs, echo=echo, echo_entries=entries)
+        entries = opened.prompt_logprobs if logprobs else None
+        return CompletionChoice(index, logprobs=logprobs, echo=echo, echo_entries=entries)
 
-    responder = Responder(envelope, choices, texts, make_renderer, output)
-    return await responder.respond(request, serving.engine, stream=bool(body.stream))
+    def renderer_for(started: Generation) -> OpenAIRenderer:
+        envelope = ChunkEnvelope(
+            started.response_id,
+            model,
+            serving.system_fingerprint,
+            object_names=("text_completion", "text_completion"),
+            include_usage=body.include_usage(),
+        )
+        return OpenAIRenderer(envelope, started, choice)
+
+    start = generation.start(serving, completion_spec(body), context)
+    return await respond(request, start, renderer_for, stream=bool(body.stream))

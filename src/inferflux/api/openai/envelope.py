@@ -1,40 +1,33 @@
 """The parts every OpenAI completion body and SSE chunk share: id, object, created, model,
 system_fingerprint, and `usage`.
 
-Owns `Usage` (with OpenAI's `prompt_tokens_details` / `completion_tokens_details`) and
-`ChunkEnvelope`. Does not own the choices inside (chat and completions build their own).
+Owns `usage_body` (the service's `Usage` with OpenAI's `prompt_tokens_details` /
+`completion_tokens_details`) and `ChunkEnvelope`. Does not own the choices inside (chat
+and completions build their own).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
+from inferflux.api.generation import Usage
 from inferflux.api.sse import sse_data
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one response. Each prompt counts once, however many choices it got
-    (OpenAI's rule); completion tokens add up over every choice."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
-            "completion_tokens_details": {
-                "reasoning_tokens": 0,
-                "audio_tokens": 0,
-                "accepted_prediction_tokens": 0,
-                "rejected_prediction_tokens": 0,
-            },
-        }
+def usage_body(usage: Usage) -> dict[str, object]:
+    """OpenAI's `usage` object."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
 
 
 class ChunkEnvelope:
@@ -76,10 +69,10 @@ class ChunkEnvelope:
 
     def usage(self, usage: Usage) -> bytes:
         """The final usage event: empty choices (OpenAI's `stream_options.include_usage`)."""
-        return sse_data({**self.body([], self.chunk_object), "usage": usage.as_dict()})
+        return sse_data({**self.body([], self.chunk_object), "usage": usage_body(usage)})
 
     def full_response(self, choices: list[dict[str, object]], usage: Usage) -> dict[str, object]:
-        return {**self.body(choices, self.response_object), "usage": usage.as_dict()}
+        return {**self.body(choices, self.response_object), "usage": usage_body(usage)}
 
 
 def chat_chunk_choice(

@@ -1,10 +1,11 @@
 """Pydantic models of the OpenAI request bodies InferFlux accepts (the HTTP edge only).
 
 Owns: the shape and static bounds of `/v1/chat/completions`, `/v1/completions`,
-`/tokenize` and `/detokenize` bodies, and their mapping to the engine's `SamplingParams`.
-Does not own: which OpenAI parameters are accepted-and-ignored or refused as "not supported
-yet" (`compat.py`), checks that need the model (context length, vocabulary size, grammar:
-`generation.py`), or response shapes (plain dicts encoded with msgspec on the hot path).
+`/tokenize` and `/detokenize` bodies, and their mapping to the generation service's terms
+(`SamplingParams`, the output constraint). Does not own: which OpenAI parameters are
+accepted-and-ignored or refused as "not supported yet" (`compat.py`), checks that need the
+model (context length, vocabulary size, compiling grammars: the service's planner), or
+response shapes (plain dicts encoded with msgspec on the hot path).
 
 Validation is strict (JSON types are never coerced: `"1"` is not a number) and unknown
 fields are refused, so a typo never silently becomes a default.
@@ -28,38 +29,21 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from inferflux.api.generation.limits import check_stop_sequences
+from inferflux.api.generation.spec import GrammarOutput, JsonOutput, OutputSpec
 from inferflux.api.tools.protocol import AssistantToolCall, ToolChoice, ToolDefinition
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # choices per request (prompts × n)
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_CHARS = 512
 MAX_LOGIT_BIAS = 1024
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
-_SEED_STRIDE = 0x9E3779B97F4A7C15  # golden-ratio stride: choice j's seed differs in all bits
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
-
-
-def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None:
-    """The bounds every route puts on stop strings (a pydantic validator body)."""
-    sequences = [stop] if isinstance(stop, str) else stop or []
-    if len(sequences) > MAX_STOP_SEQUENCES:
-        raise PydanticCustomError(
-            "too_many_stop", "at most {n} stop sequences are allowed", {"n": MAX_STOP_SEQUENCES}
-        )
-    if any(not s for s in sequences):
-        raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
-    if any(len(s) > MAX_STOP_CHARS for s in sequences):
-        raise PydanticCustomError(
-            "long_stop", "a stop sequence may be at most {n} characters", {"n": MAX_STOP_CHARS}
-        )
-    return stop
 
 
 class _Strict(BaseModel):
@@ -207,14 +191,6 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
     return [message.for_template(f"messages[{i}]") for i, message in enumerate(messages)]
 
 
-def derive_seed(seed: int | None, choice: int) -> int | None:
-    """The seed of choice `choice` of a prompt: `seed` itself for the first, then a
-    reproducible, well-spread variant per choice (None stays None: fresh randomness)."""
-    if seed is None or choice == 0:
-        return seed
-    return (seed + choice * _SEED_STRIDE) % 2**64
-
-
 class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
 
@@ -298,11 +274,9 @@ class GenerationRequest(_Strict):
         """How many top alternatives each prompt token reports (None: none)."""
         return None
 
-    def sampling_params(
-        self, max_tokens: int, choice: int = 0, constraint: str | None = None
-    ) -> SamplingParams:
-        """The engine's view of choice `choice` of a prompt, `max_tokens` resolved against
-        the context, `constraint` compiled from response_format / grammar."""
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's view of the request, `max_tokens` resolved against the context
+        (the generation service derives each choice's seed and sets the constraint)."""
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
         return SamplingParams(
             max_tokens=max_tokens,
@@ -310,7 +284,7 @@ class GenerationRequest(_Strict):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             min_p=self.min_p or 0.0,
-            seed=derive_seed(self.seed, choice),
+            seed=self.seed,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
@@ -319,8 +293,27 @@ class GenerationRequest(_Strict):
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.num_logprobs(),
             prompt_logprobs=self.num_prompt_logprobs(),
-            constraint=constraint,
         )
+
+    def output_spec(self) -> OutputSpec | None:
+        """The constraint `response_format` (json_object / json_schema) or `grammar` asks
+        for (None: free output). Raises InvalidRequest (400) for both at once, or a
+        grammar_syntax without a grammar; the service compiles it."""
+        fmt = self.response_format
+        json_format = isinstance(fmt, JsonObjectFormat | JsonSchemaFormat)
+        if self.grammar is not None:
+            if json_format:
+                raise InvalidRequest(
+                    "send either `grammar` or a JSON `response_format`, not both", param="grammar"
+                )
+            return GrammarOutput(self.grammar, self.grammar_syntax or "gbnf", "grammar")
+        if self.grammar_syntax is not None:
+            raise InvalidRequest("grammar_syntax needs a grammar", param="grammar_syntax")
+        if isinstance(fmt, JsonSchemaFormat):
+            return JsonOutput(fmt.json_schema.schema_, "response_format.json_schema.schema")
+        if isinstance(fmt, JsonObjectFormat):
+            return JsonOutput(fmt.schema_, "response_format.schema")
+        return None
 
 
 class ChatCompletionRequest(GenerationRequest):

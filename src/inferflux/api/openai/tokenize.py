@@ -13,12 +13,19 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Depends
 
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.model_router import serving_for
-from inferflux.api.openai.generation import check_model, check_token_ids, tokenize, tokenize_chat
-from inferflux.api.openai.logprobs import TokenTexts
+from inferflux.api.deps import json_body
+from inferflux.api.generation import (
+    TokenTexts,
+    answer_model,
+    check_token_ids,
+    tokenize,
+    tokenize_chat,
+)
+from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.protocol import DetokenizeRequest, TokenizeRequest, template_messages
+from inferflux.api.state import ContextDep
 from inferflux.api.tools import detect_tool_format, prepare_messages
+from inferflux.models.serving import ServingState
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -34,9 +41,11 @@ DetokenizeServing = Annotated[ServingState, Depends(serving_for(DetokenizeReques
 
 
 @router.post("/tokenize")
-async def tokenize_text(body: TokenizeBody, serving: TokenizeServing) -> dict[str, object]:
+async def tokenize_text(
+    body: TokenizeBody, serving: TokenizeServing, context: ContextDep
+) -> dict[str, object]:
     """Token ids of a prompt or of chat messages, their count and the context size."""
-    check_model(body.model, serving.model_info)
+    answer_model(body.model, serving.model_info, context.caller)
     add_special = body.add_special_override()
     if body.prompt is not None:
         token_ids = await tokenize(
@@ -68,9 +77,11 @@ async def tokenize_text(body: TokenizeBody, serving: TokenizeServing) -> dict[st
 
 
 @router.post("/detokenize")
-async def detokenize_tokens(body: DetokenizeBody, serving: DetokenizeServing) -> dict[str, object]:
+async def detokenize_tokens(
+    body: DetokenizeBody, serving: DetokenizeServing, context: ContextDep
+) -> dict[str, object]:
     """The text of token ids (special tokens render as empty); 400 for unknown ids."""
-    check_model(body.model, serving.model_info)
+    answer_model(body.model, serving.model_info, context.caller)
     check_token_ids(body.tokens, serving.model_info.n_vocab, "tokens")
     if len(body.tokens) > _THREAD_DETOKENIZE_TOKENS:
         text = await anyio.to_thread.run_sync(serving.tokenizer.detokenize, body.tokens)

@@ -387,7 +387,7 @@ class LlamaCppBackend:
         """`dst` := the first `n_tokens` positions of `src`.
 
         NOTE: with per-sequence KV (kv_unified off) llama.cpp copies whole streams only; a
-        partial range aborts the process (ENGINE_NOTES.md). So copy all of `src`, then
+        partial range aborts the process (docs/engine-notes.md). So copy all of `src`, then
         drop the tail from `dst`. In unified mode the copy shares cells (no data moves).
         """
         ll.llama_memory_seq_rm(self._memory, dst, -1, -1)

@@ -21,7 +21,6 @@ from inferflux.security.rate_limit.service import (
     RateLimitService,
     RateLimitStatus,
     Target,
-    rate_limit_status_var,
     targets_for,
 )
 
@@ -41,6 +40,5 @@ __all__ = [
     "Slot",
     "Target",
     "make_rate_limiter",
-    "rate_limit_status_var",
     "targets_for",
 ]

@@ -6,7 +6,7 @@ limit applies to carries OpenAI's `x-ratelimit-*` headers.
 
 Token limits are charged deeper, where tokens are known: the engine wrapper
 (`api/guarded_engine.py`) calls `RateLimitService.charge_prompt` / `charge_completion`
-with the `RateLimitStatus` this middleware put in `rate_limit_status_var`.
+with the `RateLimitStatus` this middleware put on the request's context.
 """
 
 from __future__ import annotations
@@ -19,13 +19,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux.errors import InferfluxError
-from inferflux.security.principal import get_principal
-from inferflux.security.rate_limit.service import (
-    RateLimitService,
-    RateLimitStatus,
-    rate_limit_status_var,
-)
-from inferflux.security.request_record import get_request_record, request_scope_var
+from inferflux.security.context import context_of
+from inferflux.security.rate_limit.service import RateLimitService, RateLimitStatus
 
 # Probes and scrapes are never limited.
 UNLIMITED_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
@@ -45,15 +40,13 @@ class RateLimitMiddleware:
         if scope["type"] != "http" or path in UNLIMITED_PATHS:
             await self.app(scope, receive, send)
             return
-        principal = get_principal(scope)
+        context = context_of(scope)
         status = RateLimitStatus()
-        member = f"{scope.get('state', {}).get('request_id', '')}:{uuid.uuid4().hex}"
-        record = get_request_record(scope)
+        member = f"{context.request_id}:{uuid.uuid4().hex}"
         try:
-            admission = await self.service.admit(principal, member, status)
+            admission = await self.service.admit(context.caller, member, status)
         except InferfluxError as exc:
-            if record is not None:
-                record.policy_decisions.append(f"rate_limit:{exc.code}")
+            context.record.policy_decisions.append(f"rate_limit:{exc.code}")
             await self.render_error(exc, path)(scope, receive, send)
             return
 
@@ -65,12 +58,9 @@ class RateLimitMiddleware:
                         headers[name] = value
             await send(message)
 
-        token = rate_limit_status_var.set(status)
-        scope_token = request_scope_var.set(scope)
+        context.rate_limit = status
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            request_scope_var.reset(scope_token)
-            rate_limit_status_var.reset(token)
             with anyio.CancelScope(shield=True):
                 await self.service.release(admission)

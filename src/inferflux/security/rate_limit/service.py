@@ -16,7 +16,6 @@ contextvar) and `RateLimitService`. Does not own storage (`limiter.py`).
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, Protocol
 from urllib.parse import quote
@@ -93,11 +92,6 @@ class RateLimitStatus:
                 headers[f"x-ratelimit-remaining-{kind}"] = str(state.remaining)
                 headers[f"x-ratelimit-reset-{kind}"] = duration(state.reset_s)
         return headers
-
-
-rate_limit_status_var: ContextVar[RateLimitStatus | None] = ContextVar(
-    "inferflux_rate_limit_status", default=None
-)
 
 
 def duration(seconds: float) -> str:

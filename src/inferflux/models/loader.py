@@ -1,4 +1,4 @@
-"""`ModelLoader`: a `ModelSpec` in, a ready `ModelSlot` out (or an error, and nothing left).
+"""`ModelLoader`: a `ModelSpec` in, a ready `ResidentModel` out (or an error, and nothing left).
 
 `EngineModelLoader` verifies the file and loads its vocabulary on a worker thread (the
 event loop keeps serving the other models), starts the model's own engine workers with
@@ -13,17 +13,18 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from inferflux.api.model_slot import EngineWrapper, ModelSlot, build_serving
 from inferflux.config.settings import Settings
-from inferflux.engine.model_files import load_model
-from inferflux.engine.model_spec import ModelSpec, model_settings
 from inferflux.engine.protocol import EngineClient, ModelInfo
+from inferflux.models.files import load_model
+from inferflux.models.resident import ResidentModel, build_serving
+from inferflux.models.serving import EngineWrapper
+from inferflux.models.spec import ModelSpec, model_settings
 
 EngineFactory = Callable[[Settings, ModelInfo], EngineClient]
 
 
 class ModelLoader(Protocol):
-    async def load(self, spec: ModelSpec) -> ModelSlot:
+    async def load(self, spec: ModelSpec) -> ResidentModel:
         """A resident, ready model for `spec`. Raises ModelLoadError (or a subclass)."""
         ...
 
@@ -36,7 +37,7 @@ class EngineModelLoader:
         self.wrap = wrap
         self.engines = engines
 
-    async def load(self, spec: ModelSpec) -> ModelSlot:
+    async def load(self, spec: ModelSpec) -> ResidentModel:
         started_at = time.monotonic()
         settings = model_settings(self.settings, spec)
         info, tokenizer = await asyncio.to_thread(load_model, spec, settings)
@@ -51,4 +52,6 @@ class EngineModelLoader:
         except BaseException:
             await asyncio.to_thread(tokenizer.close)
             raise
-        return ModelSlot(spec, serving, close=tokenizer.close, load_s=time.monotonic() - started_at)
+        return ResidentModel(
+            spec, serving, close=tokenizer.close, load_s=time.monotonic() - started_at
+        )

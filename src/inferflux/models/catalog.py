@@ -1,9 +1,9 @@
-"""`RegistryPlan`: the models a server starts with, from the manifest or the `model` section.
+"""`Catalog`: the models a server starts with, from the manifest or the `model` section.
 
 Owns: reading `registry.path` into verified `ModelSpec`s (signatures and paths checked
 at startup, so a bad manifest stops the server with a clear message), the models folder
-that manifest and admin-API paths resolve in, and the one-entry plan of a server without
-a manifest (today's `model.path`). Does not own: loading models (api/model_manager.py).
+that manifest and admin-API paths resolve in, and the one-entry catalog of a server
+without a manifest (today's `model.path`). Does not own: loading models (models/hub.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 
 from inferflux.config.manifest import Manifest, read_manifest
 from inferflux.config.settings import Settings
-from inferflux.engine.model_files import resolve_model_path
-from inferflux.engine.model_spec import ModelSpec, spec_from_entry, spec_from_settings
 from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.errors import ConfigError, ModelLoadError
+from inferflux.models.files import resolve_model_path
+from inferflux.models.spec import ModelSpec, spec_from_entry, spec_from_settings
 
 
 @dataclass(frozen=True, slots=True)
-class RegistryPlan:
+class Catalog:
     """The default model, the others to register, and where new ones may come from."""
 
     default: ModelSpec
@@ -32,9 +32,9 @@ class RegistryPlan:
     manifest: Manifest | None = field(default=None, compare=False)
 
 
-def single_model_plan(
+def single_model_catalog(
     settings: Settings, path: Path, model_id: str | None = None, aliases: tuple[str, ...] = ()
-) -> RegistryPlan:
+) -> Catalog:
     """No manifest: the `model` section's file is the one (default) model (`model_id`
     overrides its id); admin-API loads resolve in registry.models_dir, else that file's
     folder. Raises ConfigError for a bad registry.public_keys entry."""
@@ -44,10 +44,10 @@ def single_model_plan(
     default = spec_from_settings(settings, path)
     if model_id is not None:
         default = dataclasses.replace(default, model_id=model_id, aliases=aliases)
-    return RegistryPlan(default=default, models_dir=folder, verifier=verifier)
+    return Catalog(default=default, models_dir=folder, verifier=verifier)
 
 
-def manifest_plan(settings: Settings) -> RegistryPlan:
+def manifest_catalog(settings: Settings) -> Catalog:
     """Read and check `registry.path`. Raises ConfigError (unreadable or invalid manifest,
     both `model.path` and `registry.path` set, bad public key) or ModelVerificationFailed
     (a bad signature or a path escaping the models folder), naming the entry."""
@@ -74,7 +74,7 @@ def manifest_plan(settings: Settings) -> RegistryPlan:
             raise type(exc)(f"model manifest {manifest_path}: {exc.message}") from None
     default = next(spec for spec in specs if spec.model_id == default_id)
     default = dataclasses.replace(default, is_default=True)
-    return RegistryPlan(
+    return Catalog(
         default=default,
         models_dir=folder,
         verifier=verifier,
@@ -84,9 +84,9 @@ def manifest_plan(settings: Settings) -> RegistryPlan:
     )
 
 
-def registry_plan(settings: Settings) -> RegistryPlan:
-    """The plan `inferflux serve` starts with: the manifest's when registry.path is set,
+def catalog_from_settings(settings: Settings) -> Catalog:
+    """The catalog `inferflux serve` starts with: the manifest's when registry.path is set,
     else the one model of the `model` section. Raises ConfigError, ModelLoadError."""
     if settings.registry.path is not None:
-        return manifest_plan(settings)
-    return single_model_plan(settings, resolve_model_path(settings))
+        return manifest_catalog(settings)
+    return single_model_catalog(settings, resolve_model_path(settings))

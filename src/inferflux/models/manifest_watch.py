@@ -3,7 +3,7 @@
 Polls (every `registry.poll_interval_ms`) the file's size, mtime and inode, which an
 editor's save or an atomic rename both change, and re-reads it only then. A manifest that
 does not parse is logged once per change and kept out: the registry keeps its last good
-state until the file is fixed. Does not own: what a change means (model_manager.py).
+state until the file is fixed. Does not own: what a change means (models/lifecycle.py).
 """
 
 from __future__ import annotations

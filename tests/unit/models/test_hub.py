@@ -1,4 +1,4 @@
-"""ModelManager's pure logic over fake models: routing, LRU, swap and drain, keep_alive, the
+"""ModelHub's pure logic over fake models: routing, LRU, swap and drain, keep_alive, the
 manifest diff. The real loads, workers and requests are in tests/integration/test_hot_swap.py."""
 
 from __future__ import annotations
@@ -8,11 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inferflux.api.model_manager import ModelManager
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.config.settings import Settings
-from inferflux.engine.model_registry import RegistryPlan
-from inferflux.engine.model_spec import ModelSpec
 from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.errors import (
     Conflict,
@@ -20,6 +17,9 @@ from inferflux.errors import (
     ModelVerificationFailed,
     ServiceUnavailable,
 )
+from inferflux.models.catalog import Catalog
+from inferflux.models.hub import ModelHub
+from inferflux.models.spec import ModelSpec
 from tests.fakes.models import FakeModelLoader
 
 SHA = "ab" * 32
@@ -34,19 +34,17 @@ class Harness:
         self.folder = tmp_path
         default = self.spec("a", aliases=("alpha",), is_default=True)
         others = (self.spec("b"), self.spec("c"))
-        plan = RegistryPlan(
+        plan = Catalog(
             default=default,
             models_dir=tmp_path,
             verifier=SignatureVerifier((), require=False),
             others=others,
         )
-        self.defaults: list[str] = []
-        self.manager = ModelManager(
+        self.manager = ModelHub(
             self.settings.registry,
             plan,
             self.loader.slot(default),
             self.loader,
-            on_default=lambda serving: self.defaults.append(serving.model_info.path),
         )
 
     def spec(self, model_id: str, **kwargs: object) -> ModelSpec:
@@ -68,7 +66,7 @@ class Harness:
         """Let background retirements run to completion."""
         for _ in range(20):
             await asyncio.sleep(0)
-        while self.manager._tasks:  # noqa: SLF001  # test-only peek at background work
+        while self.manager.residency.busy:  # background retirements and preloads
             await asyncio.sleep(0.01)
 
 
@@ -134,7 +132,7 @@ async def test_swap_switches_new_requests_and_drains_the_old_model(h: Harness) -
         assert [v.state for v in h.manager.models() if v.model_id == "a"] == ["loaded", "retiring"]
     await h.settle()
     assert h.loader.engines["a.gguf"].stopped and not h.loader.engines["a2.gguf"].stopped
-    assert h.defaults[-1].endswith("a2.gguf")  # app.state.serving follows the default
+    assert h.manager.default_serving().model_info.path.endswith("a2.gguf")  # the default follows
 
 
 async def test_a_failed_swap_leaves_the_old_model_serving(h: Harness) -> None:
@@ -205,13 +203,13 @@ async def test_set_default_loads_first_then_frees_the_old_default(h: Harness) ->
 async def test_keep_alive_unloads_once_idle(h: Harness) -> None:
     async with h.manager.lease("b"):
         h.manager.keep_alive("b", 0)
-        await h.manager._unload_expired()  # noqa: SLF001  # the housekeeping tick
+        h.manager.residency.unload_expired("a")  # the housekeeping tick (the default: a)
         assert h.states()["b"] == "loaded"  # busy: kept
-    await h.manager._unload_expired()  # noqa: SLF001
+    h.manager.residency.unload_expired("a")
     await h.settle()
     assert h.states()["b"] == "registered"
     h.manager.keep_alive("a", 0)  # the default is never unloaded
-    await h.manager._unload_expired()  # noqa: SLF001
+    h.manager.residency.unload_expired("a")
     assert h.states()["a"] == "loaded"
     await h.serving_path("b")
     h.manager.keep_alive("b", 3600)
@@ -220,7 +218,7 @@ async def test_keep_alive_unloads_once_idle(h: Harness) -> None:
 
 
 async def test_the_manifest_diff_loads_swaps_and_removes(h: Harness) -> None:
-    h.manager._applied = {e.id: e for e in (entry("a", "a.gguf"), entry("b", "b.gguf"))}  # noqa: SLF001
+    h.manager.lifecycle.applied = {e.id: e for e in (entry("a", "a.gguf"), entry("b", "b.gguf"))}
     changed = Manifest(models=(entry("a", "a.gguf"), entry("b", "b2.gguf"), entry("d", "d.gguf")))
     await h.manager.sync_manifest(changed)
     await h.settle()

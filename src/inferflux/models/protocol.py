@@ -1,28 +1,18 @@
-"""`ModelRouter`: the seam between the routes and the models the server holds.
-
-Routes resolve the request's `model` (an id or alias, Ollama's `name:latest` too) to the
-`ServingState` of a resident model with `lease`, and hold it until their response is
-sent: a model being swapped out finishes those requests before it is retired. The admin
-routes drive the lifecycle through `ModelLifecycle` (load, unload, swap, set default).
-`ModelManager` (model_manager.py) implements both.
+"""The models' seams: `ModelDirectory` (what the API asks of the models: names, leases,
+listings) and `ModelLifecycle` (the admin side: load, unload, swap, adapters, the
+default, the manifest), and the views they answer with. `ModelHub` (hub.py) implements
+both.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol, cast
+from typing import Literal, Protocol
 
-from fastapi import Depends, Request
-from pydantic import BaseModel
-
-from inferflux.api.deps import ServingState, json_body
-from inferflux.api.errors import OLLAMA_PATH_PREFIX
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.engine.protocol import LoraAdapter, ModelInfo, WorkerStatus
-from inferflux.errors import ModelNotFound
-from inferflux.security.rbac import authorize_model
+from inferflux.models.serving import ServingState
 
 ModelState = Literal["loaded", "loading", "registered", "retiring", "failed"]
 
@@ -63,7 +53,7 @@ class LifecycleResult:
     retiring: str | None = None  # the id of a model being drained and retired
 
 
-class ModelRouter(Protocol):
+class ModelDirectory(Protocol):
     """Which models exist, which are resident, and which one a request gets (the routes'
     side). One event loop."""
 
@@ -152,66 +142,3 @@ class ModelLifecycle(Protocol):
         """Apply a changed manifest: load added entries, retire removed ones, swap changed
         ones, follow its default. Failures are logged and shown by `models()`."""
         ...
-
-
-def get_models(request: Request) -> ModelRouter:
-    return cast(ModelRouter, request.app.state.models)
-
-
-def get_lifecycle(request: Request) -> ModelLifecycle:
-    return cast(ModelLifecycle, request.app.state.models)
-
-
-ModelsDep = Annotated[ModelRouter, Depends(get_models)]
-LifecycleDep = Annotated[ModelLifecycle, Depends(get_lifecycle)]
-
-
-def _count_moe(request: Request, serving: ServingState) -> None:
-    info = serving.model_info
-    metrics = getattr(request.app.state, "telemetry", None)
-    metrics = metrics.metrics if metrics is not None else None
-    if info.is_moe and metrics is not None:
-        metrics.moe_requests.labels(info.model_id).inc()
-
-
-def _str_field(body: Any, name: str) -> str | None:  # Any: a request model
-    value = getattr(body, name, None)
-    return value if isinstance(value, str) else None
-
-
-def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[ServingState]]:
-    """The dependency that leases the model a `body_model` request names (its `model`,
-    and its `adapter` when it has one) until the response is fully sent, once the caller's
-    `allowed_models` (403) permit it. The body is
-    parsed once: the route's own `json_body(body_model)` dependency is the same one.
-
-    An unknown model is a 404 `model_not_found`: Ollama's message under /api/, OpenAI's
-    with a pointer to GET /v1/models elsewhere."""
-    body_dependency = json_body(body_model)
-
-    async def lease_model(
-        request: Request,
-        body: BaseModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
-    ) -> AsyncIterator[ServingState]:
-        name, adapter = _str_field(body, "model"), _str_field(body, "adapter")
-        models = get_models(request)
-        ollama = request.url.path.startswith(OLLAMA_PATH_PREFIX)
-        try:
-            names = models.access_names(name, adapter)
-            # NOTE: before the lease, which may load the model: a caller outside the
-            # model's `allowed_models` never makes the server load it
-            authorize_model(*names, *(f"{n}:latest" for n in names if ollama and ":" not in n))
-            async with models.lease(name, adapter) as serving:
-                _count_moe(request, serving)
-                yield serving
-        except ModelNotFound as exc:
-            if ollama:
-                raise
-            shown = name if adapter is None else f"{name or ''}:{adapter}"
-            raise ModelNotFound(
-                f"the model '{shown}' does not exist on this server (GET /v1/models lists "
-                "the models and their adapters)",
-                param=exc.param,
-            ) from None
-
-    return lease_model

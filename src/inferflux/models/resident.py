@@ -1,11 +1,12 @@
-"""`ModelSlot`: one resident model, the requests that hold it, and its retirement.
+"""`ResidentModel`: one loaded model, the requests that hold it, and its retirement.
 
 Owns: building a model's `ServingState` (`build_serving`: chat template, constraint
-compiler, the observed engine, the fingerprint), counting the HTTP requests that hold the
-model (a lease from the moment the route resolves it until its response is fully sent),
-and `retire`: no new leases, wait for the held ones to end (up to a drain timeout), stop
-the workers (their KV and prefix cache go with them) and free the vocab-only tokenizer.
-Does not own: which slots exist or which one a name routes to (model_manager.py).
+compiler, the served engine, the fingerprint), counting the leases (an HTTP request holds
+the model from the moment the route resolves it until its response is fully sent), and
+`retire`: no new leases, wait for the held ones to end (up to a drain timeout), stop the
+workers (their KV and prefix cache go with them) and free the vocab-only tokenizer. Does
+not own: which models are resident (residency.py) or which one a name routes to
+(names.py).
 
 One event loop: every method runs on it; nothing here is thread-safe.
 """
@@ -23,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferflux import __version__
-from inferflux.api.deps import ServingState
 from inferflux.config.settings import Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler, grammar_limits
-from inferflux.engine.model_spec import ModelSpec
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
+from inferflux.models.serving import EngineWrapper, ServingState
+from inferflux.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ def system_fingerprint(model_info: ModelInfo) -> str:
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
-# How the routes see a model's engine: observed and guarded (api/app.py builds it).
-EngineWrapper = Callable[[EngineClient, Tokenizer, ModelInfo], EngineClient]
-
-
 def build_serving(
     settings: Settings,
     engine: EngineClient,
@@ -55,8 +52,8 @@ def build_serving(
     model_info: ModelInfo,
     wrap: EngineWrapper,
 ) -> ServingState:
-    """The routes' view of one model. `settings` are the model's own (per-model values
-    applied); `wrap` gives the engine the routes see. Raises ModelLoadError when the chat
+    """The API's view of one model. `settings` are the model's own (per-model values
+    applied); `wrap` gives the engine the API sees. Raises ModelLoadError when the chat
     template does not compile."""
     chat_template = ChatTemplate.from_model(
         settings.model.chat_template or tokenizer.chat_template,
@@ -77,9 +74,9 @@ def build_serving(
 
 
 @dataclass(slots=True, eq=False)
-class ModelSlot:
-    """One resident model. `close` frees what the engine does not own (the tokenizer);
-    it runs only once no request can touch the model any more."""
+class ResidentModel:
+    """One loaded model. `close` frees what the engine does not own (the tokenizer); it
+    runs only once no request can touch the model any more."""
 
     spec: ModelSpec
     serving: ServingState

@@ -10,9 +10,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from inferflux.config.manifest import ManifestEntry, canonical_entry
 from inferflux.config.settings import Settings
-from inferflux.engine.model_registry import manifest_plan, single_model_plan
-from inferflux.engine.model_spec import model_settings
 from inferflux.errors import ConfigError, ModelVerificationFailed
+from inferflux.models.catalog import manifest_catalog, single_model_catalog
+from inferflux.models.spec import model_settings
 
 SHA = "ab" * 32
 
@@ -33,7 +33,7 @@ def test_manifest_plan_resolves_paths_and_picks_the_default(tmp_path):
         f"models:\n  - {{id: a, path: a.gguf, sha256: {SHA}}}\n"
         f"  - {{id: b, path: sub/b.gguf, sha256: {SHA}, default: true, n_ctx: 512}}\n",
     )
-    plan = manifest_plan(_settings(path=str(path)))
+    plan = manifest_catalog(_settings(path=str(path)))
     assert plan.default.model_id == "b" and plan.default.is_default
     assert plan.default.path == (tmp_path / "sub" / "b.gguf").resolve()
     assert [s.model_id for s in plan.others] == ["a"] and plan.manifest_path == path.resolve()
@@ -44,16 +44,16 @@ def test_models_dir_overrides_the_manifest_folder(tmp_path):
     path = _manifest(tmp_path, f"models:\n  - {{id: a, path: ../a.gguf, sha256: {SHA}}}\n")
     (tmp_path / "m").mkdir()
     with pytest.raises(ModelVerificationFailed, match=r"manifest\.yaml: model path '\.\./a"):
-        manifest_plan(_settings(path=str(path), models_dir=str(tmp_path / "m")))
+        manifest_catalog(_settings(path=str(path), models_dir=str(tmp_path / "m")))
 
 
 def test_manifest_plan_refusals(tmp_path):
     empty = _manifest(tmp_path, "models: []\n")
     with pytest.raises(ConfigError, match="lists no models"):
-        manifest_plan(_settings(path=str(empty)))
+        manifest_catalog(_settings(path=str(empty)))
     both = Settings.model_validate({"registry": {"path": str(empty)}, "model": {"path": "/x.gguf"}})
     with pytest.raises(ConfigError, match="both model.path and registry.path"):
-        manifest_plan(both)
+        manifest_catalog(both)
 
 
 def test_signatures_are_checked_at_startup(tmp_path):
@@ -65,12 +65,12 @@ def test_signatures_are_checked_at_startup(tmp_path):
         tmp_path, f"models:\n  - {{id: a, path: a.gguf, sha256: {SHA}, signature: '{signature}'}}\n"
     )
     settings = _settings(path=str(good), public_keys=[public.decode()], require_signatures=True)
-    assert manifest_plan(settings).default.model_id == "a"
+    assert manifest_catalog(settings).default.model_id == "a"
     (tmp_path / "manifest.yaml").write_text(
         f"models:\n  - {{id: a, path: b.gguf, sha256: {SHA}, signature: '{signature}'}}\n"
     )
     with pytest.raises(ModelVerificationFailed, match="signature of model 'a' does not verify"):
-        manifest_plan(settings)
+        manifest_catalog(settings)
 
 
 def test_per_model_settings_override_the_server_wide_ones(tmp_path):
@@ -82,7 +82,7 @@ def test_per_model_settings_override_the_server_wide_ones(tmp_path):
         f"models:\n  - {{id: a, path: a.gguf, sha256: {SHA}, workers: 1, n_batch: 64, "
         "threads: 2, n_ctx: 256}\n",
     )
-    plan = manifest_plan(_settings(path=str(path)))
+    plan = manifest_catalog(_settings(path=str(path)))
     own = model_settings(settings, plan.default)
     assert (own.runtime.workers, own.runtime.n_threads) == (1, 2)
     assert own.scheduler.max_batch_tokens == 64 and own.model.ctx_size == 256
@@ -92,7 +92,7 @@ def test_per_model_settings_override_the_server_wide_ones(tmp_path):
 
 def test_single_model_plan_keeps_model_path_working(tmp_path):
     settings = Settings.model_validate({"model": {"id": "mine", "sha256": SHA.upper()}})
-    plan = single_model_plan(settings, tmp_path / "x.gguf")
+    plan = single_model_catalog(settings, tmp_path / "x.gguf")
     assert plan.default.model_id == "mine" and plan.default.sha256 == SHA
     assert plan.default.source == "config" and plan.models_dir == tmp_path
     assert plan.others == () and plan.manifest_path is None

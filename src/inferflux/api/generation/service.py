@@ -1,0 +1,288 @@
+"""`GenerationService`: every generation and embedding, whichever frontend asked for it.
+
+A dialect (OpenAI, Ollama, native; over HTTP, SSE, WebSocket or gRPC) translates its
+request into a `GenerationSpec` and hands it over with the model it leased and the
+request's `RequestContext`; the service plans it (planner.py), submits every choice at
+once so the engine batches them, waits for each first delta (so a refusal, 503 / 408 /
+4xx, is raised before anything is sent), and returns a `Generation`: typed events to
+stream (events.py), or the whole result to collect. The service owns what every dialect
+used to repeat: logprob alignment, tool-call parsing, the structured-output check,
+usage and timings, closing the engine's streams (which aborts unfinished requests) and
+turning a failed delta into an error. It is the only part of the API that talks to a
+model's engine (an import contract keeps it so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+
+from inferflux.api.generation.events import (
+    ChoiceClosed,
+    ChoiceOpened,
+    ChoiceOutput,
+    ChoiceResult,
+    GenerationDone,
+    GenerationEvent,
+    GenerationResult,
+    Part,
+    StructuredCheck,
+    Timings,
+    Usage,
+)
+from inferflux.api.generation.logprobs import LogprobAligner, TokenEntry, TokenTexts, prompt_entries
+from inferflux.api.generation.planner import Choice, GenerationPlan, Planner
+from inferflux.api.generation.spec import GenerationSpec
+from inferflux.api.generation.streams import DeltaStream, check_delta, close_all, merge_deltas
+from inferflux.api.generation.streams import submit_all as _submit_all
+from inferflux.api.telemetry import Telemetry
+from inferflux.api.tools import ToolCall, ToolCallParser
+from inferflux.engine.messages import FinishReason, RequestDelta
+from inferflux.engine.protocol import EmbeddingResult
+from inferflux.errors import EngineError
+from inferflux.models.serving import ServingState
+from inferflux.security.context import RequestContext
+
+
+class ChoiceRun:
+    """One choice while it generates: alignment, parsing, counts, and (when `keep`) its
+    whole output."""
+
+    def __init__(self, choice: Choice, texts: TokenTexts, plan: GenerationPlan, keep: bool):
+        self.choice = choice
+        sampling = choice.request.sampling
+        self.aligner = LogprobAligner(texts, enabled=sampling.logprobs is not None)
+        tools = plan.tools
+        self.parser = None
+        if tools is not None and tools.plan is not None:
+            self.parser = ToolCallParser(tools.tool_format, tools.plan.names())
+        self.output = plan.output if plan.output and plan.output.validate else None
+        self.keep = keep
+        self.texts: list[str] = []  # the raw text, when kept or checked
+        self.parts: list[Part] = []
+        self.entries: list[TokenEntry] = []
+        self.token_ids: list[int] = []
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        self.result: ChoiceResult | None = None
+
+    def feed(self, delta: RequestDelta) -> tuple[GenerationEvent, ...]:
+        """The events of one delta (none, an output, a close, or both). Raises
+        EngineError / QueueTimeout for a delta that ends the choice badly."""
+        check_delta(delta)
+        self.token_ids.extend(delta.token_ids)
+        self.num_output_tokens = max(self.num_output_tokens, delta.num_output_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        entries = self.aligner.push(delta)
+        if self.keep or self.output is not None:
+            self.texts.append(delta.text)
+        events: tuple[GenerationEvent, ...] = ()
+        if delta.text or entries:
+            parts: list[Part] = (
+                [delta.text] if self.parser is None else self.parser.push(delta.text)
+            )
+            if self.keep:
+                self.parts.extend(parts)
+                self.entries.extend(entries)
+            closing = delta.finish_reason is not None
+            events = (ChoiceOutput(self.choice.index, parts, entries, closing),)
+        if delta.finish_reason is not None:
+            events += (self._close(delta.finish_reason),)
+        return events
+
+    def _close(self, finish_reason: FinishReason) -> ChoiceClosed:
+        rest: list[Part] = self.parser.finish() if self.parser is not None else []
+        structured = None
+        if self.output is not None:
+            error = self.output.check("".join(self.texts))
+            structured = StructuredCheck(error is None, error)
+            if error is not None and finish_reason is not FinishReason.LENGTH:
+                finish_reason = FinishReason.ERROR  # never passed off as a complete answer
+        if self.keep:
+            self.parts.extend(rest)
+        self.result = ChoiceResult(
+            choice=self.choice,
+            finish_reason=finish_reason,
+            num_output_tokens=self.num_output_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            output_token_ids=self.token_ids,
+            num_tool_calls=self.parser.num_calls if self.parser is not None else 0,
+            text="".join(self.texts) if self.keep else "",
+            parts=self.parts,
+            logprobs=self.entries,
+            structured=structured,
+        )
+        return ChoiceClosed(rest, self.result)
+
+
+class Generation:
+    """A submitted request whose choices all answered. Read it once: `events()` (to
+    stream) or `collect()`; `aclose()` aborts whatever has not finished (both readers
+    close it themselves when they end, however they end)."""
+
+    def __init__(
+        self,
+        plan: GenerationPlan,
+        streams: list[DeltaStream],
+        texts: TokenTexts,
+        opened: list[ChoiceOpened],
+        clock: tuple[int, int, int],
+    ) -> None:
+        self.plan = plan
+        self.opened = opened
+        self._streams = streams
+        self._texts = texts
+        self._started_ns, self._submitted_ns, self._first_delta_ns = clock
+        self._first_token_ns: int | None = None
+        self._last_delta_ns = 0
+
+    @property
+    def response_id(self) -> str:
+        return self.plan.response_id
+
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        """Every event, in order (module docstring of events.py); raises EngineError /
+        QueueTimeout when a choice fails (the caller reports it mid-stream). Closing the
+        generator early aborts every unfinished choice."""
+        runs = self._runs(keep=False)
+        try:
+            for opened in self.opened:
+                yield opened
+            if len(runs) == 1:  # NOTE: no merging layer on the one-choice path
+                run = runs[0]
+                async for delta in self._streams[0]:
+                    for event in self._feed(run, delta):
+                        yield event
+            else:
+                async with contextlib.aclosing(merge_deltas(self._streams)) as deltas:
+                    async for index, delta in deltas:
+                        for event in self._feed(runs[index], delta):
+                            yield event
+            yield GenerationDone(self._result(runs))
+        finally:
+            await close_all(self._streams)
+
+    async def collect(self) -> GenerationResult:
+        """The whole generation (every choice's text, parts and logprobs kept). Raises
+        EngineError / QueueTimeout when a choice failed."""
+        runs = self._runs(keep=True)
+        try:
+            async with contextlib.aclosing(merge_deltas(self._streams)) as deltas:
+                async for index, delta in deltas:
+                    self._feed(runs[index], delta)
+        finally:
+            await close_all(self._streams)
+        return self._result(runs)
+
+    async def aclose(self) -> None:
+        await close_all(self._streams)
+
+    def _runs(self, *, keep: bool) -> list[ChoiceRun]:
+        return [ChoiceRun(choice, self._texts, self.plan, keep) for choice in self.plan.choices]
+
+    def _feed(self, run: ChoiceRun, delta: RequestDelta) -> tuple[GenerationEvent, ...]:
+        now = time.monotonic_ns()
+        self._last_delta_ns = now
+        if self._first_token_ns is None and (delta.token_ids or delta.text):
+            self._first_token_ns = now
+        return run.feed(delta)
+
+    def _result(self, runs: list[ChoiceRun]) -> GenerationResult:
+        results = []
+        for run in runs:
+            if run.result is None:
+                raise EngineError("the engine ended the request without finishing it")
+            results.append(run.result)
+        timings = Timings(
+            self._started_ns,
+            self._submitted_ns,
+            self._first_delta_ns,
+            self._first_token_ns,
+            self._last_delta_ns,
+        )
+        return GenerationResult(self.plan.response_id, results, usage_of(results), timings)
+
+
+def usage_of(results: list[ChoiceResult]) -> Usage:
+    """Each prompt once (its cached tokens: the fewest any of its choices had), completion
+    tokens over every choice."""
+    by_prompt: dict[int, list[ChoiceResult]] = {}
+    for result in results:
+        by_prompt.setdefault(result.choice.prompt_index, []).append(result)
+    prompt_tokens = sum(rs[0].num_prompt_tokens for rs in by_prompt.values())
+    cached = sum(min(r.num_cached_tokens for r in rs) for rs in by_prompt.values())
+    completion = sum(r.num_output_tokens for r in results)
+    return Usage(prompt_tokens, completion, cached)
+
+
+class GenerationService:
+    """Plans, submits and reads generations; runs embeddings. Stateless between requests;
+    one per app (`AppState.generation`)."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
+    async def plan(
+        self, serving: ServingState, spec: GenerationSpec, context: RequestContext
+    ) -> GenerationPlan:
+        """`spec` planned over the leased model (planner.py); nothing is submitted."""
+        return await Planner(serving, self._telemetry.tracer).plan(spec)
+
+    async def start(
+        self, serving: ServingState, spec: GenerationSpec, context: RequestContext
+    ) -> Generation:
+        """Plan `spec`, submit every choice and wait for each first delta. Raises what
+        planning raises, NoWorkerReady / QueueFull (503), QueueTimeout (408), RateLimited
+        (429), the guardrails' refusals, EngineError."""
+        started_ns = time.monotonic_ns()
+        plan = await self.plan(serving, spec, context)
+        return await self.submit(serving, plan, context, started_ns=started_ns)
+
+    async def submit(
+        self,
+        serving: ServingState,
+        plan: GenerationPlan,
+        context: RequestContext,
+        *,
+        started_ns: int | None = None,
+    ) -> Generation:
+        """Submit a planned request (see `start`)."""
+        submitted_ns = time.monotonic_ns()
+        requests = [choice.request for choice in plan.choices]
+        streams = await _submit_all(serving.engine, requests, context)
+        first_delta_ns = time.monotonic_ns()
+        texts = TokenTexts(serving.tokenizer)
+        try:
+            opened = [_opened(choice, stream, texts) for choice, stream in zip(
+                plan.choices, streams, strict=True
+            )]  # fmt: skip
+        except BaseException:
+            await close_all(streams)
+            raise
+        clock = (started_ns or submitted_ns, submitted_ns, first_delta_ns)
+        return Generation(plan, streams, texts, opened, clock)
+
+    async def embed(
+        self,
+        serving: ServingState,
+        inputs: list[list[int]],
+        context: RequestContext,
+        *,
+        normalize: bool = True,
+    ) -> EmbeddingResult:
+        """One pooled vector per token list (the engine's `embed`, under the request's
+        security policy and token limits)."""
+        return await serving.engine.embed(inputs, context, normalize=normalize)
+
+
+def _opened(choice: Choice, stream: DeltaStream, texts: TokenTexts) -> ChoiceOpened:
+    first = stream.first_delta
+    if first is None:
+        raise EngineError("the engine sent nothing for the request")
+    if choice.request.sampling.prompt_logprobs is None:
+        return ChoiceOpened(choice)
+    return ChoiceOpened(choice, prompt_entries(texts, choice.request.prompt_token_ids, first))
+
+
+__all__ = ["ChoiceRun", "Generation", "GenerationService", "ToolCall", "usage_of"]

@@ -1,0 +1,261 @@
+"""`Lifecycle`: the operations that change which models exist and which are resident.
+
+Owns: loading a registered model on first use (`load_registered`), the admin operations
+(load, unload, swap, set the default, load or replace a LoRA adapter), applying a changed
+manifest, the reason each model's last load failed, and the lock that makes every one of
+these run alone. Uses the name table (names.py) and the residency (residency.py); leases
+never wait for the lock when the model is resident.
+
+Hot swap: the new model loads (verify, vocabulary, its own workers) while the old one
+serves; once it is ready the id points to it, in one step of the event loop, so every
+request resolved after that gets the new model and every request that holds the old one
+finishes there. The old model then drains (`ResidentModel.retire`): its workers stop,
+taking their KV and prefix cache with them, and the new model's stats start from zero. A
+load that fails changes nothing and raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
+from inferflux.errors import Conflict, InferfluxError, ModelNotFound
+from inferflux.models.catalog import Catalog
+from inferflux.models.loader import ModelLoader
+from inferflux.models.names import NameTable
+from inferflux.models.protocol import LifecycleResult
+from inferflux.models.residency import Residency
+from inferflux.models.resident import ResidentModel
+from inferflux.models.spec import ModelSpec, SpecSource, spec_from_adapter, spec_from_entry
+
+logger = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    """Lifecycle operations over one name table and one residency. One event loop."""
+
+    def __init__(
+        self, catalog: Catalog, names: NameTable, residency: Residency, loader: ModelLoader
+    ) -> None:
+        self._catalog = catalog
+        self._names = names
+        self._residency = residency
+        self._loader = loader
+        self.lock = asyncio.Lock()
+        self.errors: dict[str, str] = {}  # model id → why its last load failed
+        manifest = catalog.manifest
+        self.applied = {e.id: e for e in manifest.models} if manifest is not None else {}
+
+    # -- first use ------------------------------------------------------------------------
+    async def load_registered(self, model_id: str) -> ResidentModel:
+        """Make a registered model resident (a request named it)."""
+        async with self.lock:
+            resident = self._residency.get(model_id)
+            if resident is not None:
+                return resident
+            spec = self._names.get(model_id)
+            if spec is None:
+                raise ModelNotFound(f"model '{model_id}' not found", param="model")
+            await self._residency.make_room(self._names.default_id)
+            resident = await self._load(spec)
+            self._residency.put(resident)
+            return resident
+
+    async def _load(self, spec: ModelSpec) -> ResidentModel:
+        """Load `spec` (lock held), recording why when it fails."""
+        logger.info("loading model %s from %s", spec.model_id, spec.path)
+        try:
+            resident = await self._loader.load(spec)
+        except InferfluxError as exc:
+            self.errors[spec.model_id] = exc.message
+            logger.error("model %s failed to load: %s", spec.model_id, exc.message)
+            raise
+        self.errors.pop(spec.model_id, None)
+        logger.info("model %s loaded in %.2fs", spec.model_id, resident.load_s)
+        return resident
+
+    # -- admin operations -----------------------------------------------------------------
+    async def load(self, entry: ManifestEntry | str) -> LifecycleResult:
+        async with self.lock:
+            if isinstance(entry, str):
+                spec = self._names.spec(entry)
+                return await self._load_spec(spec, make_default=False)
+            spec = self._admin_spec(entry)
+            return await self._load_spec(spec, make_default=entry.default)
+
+    def _admin_spec(self, entry: ManifestEntry) -> ModelSpec:
+        """The spec an admin `load` names: a new one, or the registered one when the
+        entry repeats it exactly (a retried or repeated load). Conflict otherwise."""
+        spec = self._spec(entry, "admin")
+        registered = self._names.get(entry.id)
+        if registered is None:
+            self._names.check(spec)  # before loading, not after
+            return spec
+        same = dataclasses.replace(spec, is_default=registered.is_default, source=registered.source)
+        if same != registered:
+            raise Conflict(
+                f"model {entry.id!r} is already registered with another file or settings: "
+                "use action swap to replace it",
+                param="id",
+            )
+        return registered
+
+    async def _load_spec(self, spec: ModelSpec, *, make_default: bool) -> LifecycleResult:
+        resident = self._residency.get(spec.model_id)
+        load_s = None
+        if resident is None:
+            await self._residency.make_room(self._names.default_id)
+            try:
+                resident = await self._load(spec)
+            except InferfluxError:
+                if spec.model_id not in self._names:  # the caller has the error; no listing
+                    self.errors.pop(spec.model_id, None)
+                raise
+            self._names.register(spec)
+            self._residency.put(resident)
+            load_s = resident.load_s
+        if make_default:
+            self._make_default(spec.model_id)
+        return LifecycleResult("load", spec.model_id, load_s=load_s)
+
+    def _spec(self, entry: ManifestEntry, source: SpecSource) -> ModelSpec:
+        return spec_from_entry(entry, self._catalog.models_dir, self._catalog.verifier, source)
+
+    def _make_default(self, model_id: str) -> None:
+        """Point the default at a resident model (lock held)."""
+        self._names.set_default(model_id)
+        logger.info("model %s is the default", model_id)
+
+    async def unload(self, model_id: str, *, forget: bool = False) -> LifecycleResult:
+        async with self.lock:
+            model_id = self._names.resolve(model_id)
+            if model_id == self._names.default_id:
+                raise Conflict(
+                    f"model {model_id!r} is the default and cannot be unloaded: make another "
+                    "model the default first",
+                    param="id",
+                )
+            resident = self._residency.remove(model_id)
+            if resident is not None:
+                self._residency.retire_later(resident)
+            if forget:
+                self._names.unregister(model_id)
+                self.errors.pop(model_id, None)
+            return LifecycleResult("unload", model_id, retiring=model_id if resident else None)
+
+    async def load_adapter(self, entry: AdapterEntry, *, replace: bool = False) -> LifecycleResult:
+        async with self.lock:
+            base = self._names.spec(entry.base)
+            if base.adapters:
+                raise Conflict(
+                    f"{base.model_id!r} already is an adapter model: name its base model",
+                    param="base",
+                )
+            catalog = self._catalog
+            spec = spec_from_adapter(entry, base, catalog.models_dir, catalog.verifier)
+            registered = self._names.get(spec.model_id)
+            if registered is not None and not replace:
+                raise Conflict(
+                    f"the adapter {spec.model_id!r} is already loaded: use action swap to "
+                    "replace it, or unload it",
+                    param="id",
+                )
+            if registered is None:
+                result = await self._load_spec(spec, make_default=False)
+            else:
+                result = await self._replace(spec)
+            return dataclasses.replace(result, action="swap" if replace else "load")
+
+    async def swap(self, entry: ManifestEntry) -> LifecycleResult:
+        async with self.lock:
+            return await self._swap(entry)
+
+    async def _swap(self, entry: ManifestEntry) -> LifecycleResult:
+        old_spec = self._names.get(entry.id)
+        if old_spec is None:
+            raise ModelNotFound(
+                f"model '{entry.id}' is not registered: use action load", param="id"
+            )
+        return await self._replace(self._spec(entry, old_spec.source))
+
+    async def _replace(self, spec: ModelSpec) -> LifecycleResult:
+        """Load `spec` beside the model with its id, switch, retire the old (lock held)."""
+        self._names.check(spec)  # before loading, not after
+        if spec.model_id not in self._residency:
+            await self._residency.make_room(self._names.default_id)
+        resident = await self._load(spec)
+        self._names.register(spec)
+        old = self._residency.put(resident)  # the switch: new leases get the new model
+        if spec.model_id == self._names.default_id or spec.is_default:
+            self._make_default(spec.model_id)
+        if old is not None:
+            self._residency.retire_later(old)
+        logger.info("model %s swapped to %s", spec.model_id, spec.path)
+        return LifecycleResult(
+            "swap", spec.model_id, load_s=resident.load_s, retiring=spec.model_id if old else None
+        )
+
+    async def set_default(self, model_id: str) -> LifecycleResult:
+        async with self.lock:
+            spec = self._names.spec(model_id)
+            result = await self._load_spec(spec, make_default=True)
+            return dataclasses.replace(result, action="set_default")
+
+    # -- the manifest ---------------------------------------------------------------------
+    async def sync_manifest(self, manifest: Manifest) -> None:
+        async with self.lock:
+            await self._sync(manifest)
+
+    async def _sync(self, manifest: Manifest) -> None:
+        wanted = {entry.id: entry for entry in manifest.models}
+        for model_id in [i for i in self.applied if i not in wanted]:
+            self._remove(model_id)
+        for model_id, entry in wanted.items():
+            if entry == self.applied.get(model_id):
+                continue
+            with _logged(f"manifest entry {model_id!r}", self.errors, model_id):
+                if model_id in self._names:
+                    await self._swap(entry)
+                else:
+                    spec = self._spec(entry, "manifest")
+                    self._names.register(spec)
+                    await self._load_spec(spec, make_default=False)
+        self.applied = wanted
+        default = manifest.default_id()
+        default_spec = self._names.get(default) if default is not None else None
+        if default_spec is not None and default != self._names.default_id:
+            with _logged(f"manifest default {default!r}", self.errors, default_spec.model_id):
+                await self._load_spec(default_spec, make_default=True)
+
+    def _remove(self, model_id: str) -> None:
+        """A manifest entry is gone: unregister and retire it (lock held)."""
+        spec = self._names.get(model_id)
+        if spec is None or spec.source != "manifest":
+            return
+        if model_id == self._names.default_id:
+            logger.error(
+                "manifest: the default model %s was removed without naming another "
+                "default; it keeps serving",
+                model_id,
+            )
+            return
+        self._names.unregister(model_id)
+        self.errors.pop(model_id, None)
+        resident = self._residency.remove(model_id)
+        if resident is not None:
+            self._residency.retire_later(resident)
+        logger.info("manifest: model %s removed", model_id)
+
+
+@contextlib.contextmanager
+def _logged(what: str, errors: dict[str, str], model_id: str) -> Iterator[None]:
+    """Log and record an InferfluxError instead of raising it (manifest changes)."""
+    try:
+        yield
+    except InferfluxError as exc:
+        errors[model_id] = exc.message
+        logger.error("%s not applied: %s", what, exc.message)
