@@ -26,6 +26,7 @@ from inferflux.api.generation.events import (
     StructuredCheck,
     Timings,
     Usage,
+    text_of,
 )
 from inferflux.api.generation.http import (
     CLIENT_CLOSED_REQUEST,
@@ -90,6 +91,7 @@ __all__ = [
     "Usage",
     "answer_model",
     "check_token_ids",
+    "text_of",
     "embed_or_disconnect",
     "respond",
     "tokenize",

@@ -21,6 +21,13 @@ from inferflux.engine.messages import FinishReason
 Part = str | ToolCall
 
 
+def text_of(parts: list[Part]) -> str:
+    """The text of `parts` (tool calls left out); one text part is returned as it is."""
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return parts[0]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredCheck:
     """A finished output checked against its JSON schema (`error` None when valid)."""
@@ -38,7 +45,7 @@ class ChoiceOpened:
     prompt_logprobs: list[TokenEntry] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # NOTE: one per streamed token; a frozen init is slower
 class ChoiceOutput:
     """Something of choice `index` to show: `parts` (text, or tool calls once whole; empty
     while the parser holds back text that may start a call) and the logprob entries of

@@ -44,6 +44,8 @@ from inferflux.errors import EngineError
 from inferflux.models.serving import ServingState
 from inferflux.security.context import RequestContext
 
+_NO_ENTRIES: list[TokenEntry] = []  # NOTE: shared, never mutated
+
 
 class ChoiceRun:
     """One choice while it generates: alignment, parsing, counts, and (when `keep`) its
@@ -52,7 +54,8 @@ class ChoiceRun:
     def __init__(self, choice: Choice, texts: TokenTexts, plan: GenerationPlan, keep: bool):
         self.choice = choice
         sampling = choice.request.sampling
-        self.aligner = LogprobAligner(texts, enabled=sampling.logprobs is not None)
+        self.logprobs = sampling.logprobs is not None
+        self.aligner = LogprobAligner(texts, enabled=self.logprobs)
         tools = plan.tools
         self.parser = None
         if tools is not None and tools.plan is not None:
@@ -65,31 +68,43 @@ class ChoiceRun:
         self.token_ids: list[int] = []
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.first_token_ns: int | None = None
+        self.last_delta_ns = 0
         self.result: ChoiceResult | None = None
 
     def feed(self, delta: RequestDelta) -> tuple[GenerationEvent, ...]:
         """The events of one delta (none, an output, a close, or both). Raises
-        EngineError / QueueTimeout for a delta that ends the choice badly."""
-        check_delta(delta)
-        self.token_ids.extend(delta.token_ids)
-        self.num_output_tokens = max(self.num_output_tokens, delta.num_output_tokens)
-        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
-        entries = self.aligner.push(delta)
+        EngineError / QueueTimeout for a delta that ends the choice badly.
+
+        NOTE: this runs once per streamed token; keep it to attribute reads and appends.
+        """
+        finish = delta.finish_reason
+        if finish is not None:
+            check_delta(delta)
+        text = delta.text
+        self.last_delta_ns = now = time.monotonic_ns()
+        if delta.token_ids:
+            self.token_ids.extend(delta.token_ids)
+            if self.first_token_ns is None:
+                self.first_token_ns = now
+        elif text and self.first_token_ns is None:
+            self.first_token_ns = now
+        if delta.num_output_tokens > self.num_output_tokens:
+            self.num_output_tokens = delta.num_output_tokens
+        if delta.num_cached_tokens > self.num_cached_tokens:
+            self.num_cached_tokens = delta.num_cached_tokens
+        entries = self.aligner.push(delta) if self.logprobs else _NO_ENTRIES
         if self.keep or self.output is not None:
-            self.texts.append(delta.text)
-        events: tuple[GenerationEvent, ...] = ()
-        if delta.text or entries:
-            parts: list[Part] = (
-                [delta.text] if self.parser is None else self.parser.push(delta.text)
-            )
-            if self.keep:
-                self.parts.extend(parts)
-                self.entries.extend(entries)
-            closing = delta.finish_reason is not None
-            events = (ChoiceOutput(self.choice.index, parts, entries, closing),)
-        if delta.finish_reason is not None:
-            events += (self._close(delta.finish_reason),)
-        return events
+            self.texts.append(text)
+        if not (text or entries):
+            return () if finish is None else (self._close(finish),)
+        parser = self.parser
+        parts: list[Part] = [text] if parser is None else parser.push(text)
+        if self.keep:
+            self.parts.extend(parts)
+            self.entries.extend(entries)
+        output = ChoiceOutput(self.choice.index, parts, entries, finish is not None)
+        return (output,) if finish is None else (output, self._close(finish))
 
     def _close(self, finish_reason: FinishReason) -> ChoiceClosed:
         rest: list[Part] = self.parser.finish() if self.parser is not None else []
@@ -134,8 +149,6 @@ class Generation:
         self._streams = streams
         self._texts = texts
         self._started_ns, self._submitted_ns, self._first_delta_ns = clock
-        self._first_token_ns: int | None = None
-        self._last_delta_ns = 0
 
     @property
     def response_id(self) -> str:
@@ -150,14 +163,14 @@ class Generation:
             for opened in self.opened:
                 yield opened
             if len(runs) == 1:  # NOTE: no merging layer on the one-choice path
-                run = runs[0]
+                feed = runs[0].feed
                 async for delta in self._streams[0]:
-                    for event in self._feed(run, delta):
+                    for event in feed(delta):
                         yield event
             else:
                 async with contextlib.aclosing(merge_deltas(self._streams)) as deltas:
                     async for index, delta in deltas:
-                        for event in self._feed(runs[index], delta):
+                        for event in runs[index].feed(delta):
                             yield event
             yield GenerationDone(self._result(runs))
         finally:
@@ -170,7 +183,7 @@ class Generation:
         try:
             async with contextlib.aclosing(merge_deltas(self._streams)) as deltas:
                 async for index, delta in deltas:
-                    self._feed(runs[index], delta)
+                    runs[index].feed(delta)
         finally:
             await close_all(self._streams)
         return self._result(runs)
@@ -181,25 +194,19 @@ class Generation:
     def _runs(self, *, keep: bool) -> list[ChoiceRun]:
         return [ChoiceRun(choice, self._texts, self.plan, keep) for choice in self.plan.choices]
 
-    def _feed(self, run: ChoiceRun, delta: RequestDelta) -> tuple[GenerationEvent, ...]:
-        now = time.monotonic_ns()
-        self._last_delta_ns = now
-        if self._first_token_ns is None and (delta.token_ids or delta.text):
-            self._first_token_ns = now
-        return run.feed(delta)
-
     def _result(self, runs: list[ChoiceRun]) -> GenerationResult:
         results = []
         for run in runs:
             if run.result is None:
                 raise EngineError("the engine ended the request without finishing it")
             results.append(run.result)
+        firsts = [run.first_token_ns for run in runs if run.first_token_ns is not None]
         timings = Timings(
             self._started_ns,
             self._submitted_ns,
             self._first_delta_ns,
-            self._first_token_ns,
-            self._last_delta_ns,
+            min(firsts) if firsts else None,
+            max(run.last_delta_ns for run in runs),
         )
         return GenerationResult(self.plan.response_id, results, usage_of(results), timings)
 

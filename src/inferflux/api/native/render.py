@@ -26,6 +26,7 @@ from inferflux.api.generation import (
     GenerationSpec,
     Prompt,
     Timings,
+    text_of,
 )
 from inferflux.api.native.protocol import (
     GenerationKnobs,
@@ -102,7 +103,7 @@ class NativeRenderer:
 
     def frames(self, event: GenerationEvent) -> Sequence[bytes]:
         if isinstance(event, ChoiceOutput):
-            text = "".join(p for p in event.parts if isinstance(p, str))
+            text = text_of(event.parts)
             if event.closing:
                 self._held = text
                 return ()

@@ -31,6 +31,7 @@ from inferflux.api.generation import (
     TextPrompt,
     Timings,
     respond,
+    text_of,
 )
 from inferflux.api.model_lease import serving_for
 from inferflux.api.ollama.models import resolve_model
@@ -57,10 +58,6 @@ router = APIRouter(tags=["ollama"])
 GenerateBody = Annotated[OllamaGenerateRequest, Depends(json_body(OllamaGenerateRequest))]
 
 
-def _text(parts: list[Part]) -> str:
-    return "".join(p for p in parts if isinstance(p, str))
-
-
 class GenerateShape:
     """`/api/generate` objects for one request."""
 
@@ -68,7 +65,7 @@ class GenerateShape:
         self.model = model
 
     def piece(self, parts: list[Part]) -> dict[str, object]:
-        response = _text(parts)
+        response = text_of(parts)
         return {
             "model": self.model,
             "created_at": created_at(),
@@ -81,7 +78,7 @@ class GenerateShape:
         return {
             "model": self.model,
             "created_at": created_at(),
-            "response": _text(parts),
+            "response": text_of(parts),
             **done_fields(result),
             "context": context,
             **metrics_of(result, timings),

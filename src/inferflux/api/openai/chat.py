@@ -25,6 +25,7 @@ from inferflux.api.generation import (
     TokenEntry,
     answer_model,
     respond,
+    text_of,
 )
 from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.chat_tools import ToolChatChoice, resolve_chat_tools
@@ -56,8 +57,7 @@ class ChatChoice:
 
     def piece(self, parts: list[Part], entries: list[TokenEntry]) -> list[dict[str, object]]:
         logprobs = chat_logprobs(entries) if self.logprobs else None
-        text = "".join(p for p in parts if isinstance(p, str))
-        return [self._chunk({"content": text}, None, logprobs)]
+        return [self._chunk({"content": text_of(parts)}, None, logprobs)]
 
     def finish(self, parts: list[Part], result: ChoiceResult) -> list[dict[str, object]]:
         return [self._chunk({}, finish_reason_of(result))]

@@ -27,6 +27,7 @@ from inferflux.api.generation import (
     TokenPrompt,
     answer_model,
     respond,
+    text_of,
 )
 from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.compat import reject_unsupported
@@ -76,8 +77,7 @@ class CompletionChoice:
         return self._choice(self.echo, self.echo_entries, None)
 
     def piece(self, parts: list[Part], entries: list[TokenEntry]) -> list[dict[str, object]]:
-        text = "".join(p for p in parts if isinstance(p, str))
-        return [self._choice(text, entries, None)]
+        return [self._choice(text_of(parts), entries, None)]
 
     def finish(self, parts: list[Part], result: ChoiceResult) -> list[dict[str, object]]:
         finish_reason = finish_reason_of(result)
