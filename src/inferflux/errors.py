@@ -7,6 +7,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     InferfluxError                      500 server_error
     ├── InvalidRequest                  400 invalid_request_error
     │   ├── ContextLengthExceeded       400 context_length_exceeded
+    │   ├── ConstraintFailed            400 constraint_failed (a grammar exceeded engine limits)
     │   └── RequestTooLarge             413 request_too_large
     │   └── ContentFiltered             400 content_filter (a guardrail blocked the request)
     ├── Unauthorized                    401 invalid_api_key (no or bad credentials)
@@ -17,6 +18,8 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
     ├── Conflict                        409 conflict (an admin change that clashes, ...)
+    ├── Unprocessable                   422 unprocessable (well-formed admin input that names
+    │                                   something unknown or unusable: a tenant, a tier, ...)
     ├── ServiceUnavailable              503 service_unavailable
     │   ├── NoWorkerReady               503 no_worker_ready
     │   ├── QueueFull                   503 queue_full (backpressure: above the high watermark)
@@ -69,6 +72,13 @@ class InvalidRequest(InferfluxError):
     http_status = 400
     error_type = "invalid_request_error"
     code = "invalid_request"
+
+
+class ConstraintFailed(InvalidRequest):
+    """The request's output constraint could not be enforced at some token: its grammar
+    exceeded the engine's per-step limits after the API's first-step check passed."""
+
+    code = "constraint_failed"
 
 
 class ContextLengthExceeded(InvalidRequest):
@@ -165,6 +175,16 @@ class NotFound(InferfluxError):
     http_status = 404
     error_type = "invalid_request_error"
     code = "not_found"
+
+
+class Unprocessable(InferfluxError):
+    """Well-formed input the server cannot use: an admin change that names a tenant or a
+    rate-limit tier that does not exist, a model name that cannot be one, a pattern the
+    guardrails' regex engine (RE2) cannot run. Nothing changes; `param` names the field."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+    code = "unprocessable"
 
 
 class Conflict(InferfluxError):

@@ -147,7 +147,7 @@ class OpaServer:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 inputs.append(body["input"])
-                if self.path == "/v1/data/inferflux/decision":
+                if self.path.split("?")[0] == "/v1/data/inferflux/decision":
                     answer = {"result": evaluator.evaluate_parsed(json.dumps(body["input"]))}
                 else:
                     answer = {}

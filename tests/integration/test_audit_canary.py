@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import jwt as jwt_lib
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.integration.server_process import ServerProcess
+from tests.integration.security_support import OpaServer
+from tests.integration.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.server
 
@@ -117,3 +120,69 @@ def test_no_secret_reaches_a_log_line_or_an_error_body(tmp_path, auth):
     assert all(e["prompt"].startswith("hmac-sha256:") for e in generated)
     assert all("guardrail:pii:email:redact" in e["decisions"] for e in generated)
     assert "uvicorn.access" in logs["app log"] or '"GET /v1/models' in logs["server output"]
+
+
+def _signed_jwt() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    claims = {"sub": "canary", "aud": "inferflux", "iss": "https://idp.invalid"}
+    return jwt_lib.encode(claims, key, algorithm="RS256", headers={"kid": "canary-kid"})
+
+
+def test_outbound_urls_keep_their_credentials_out_of_every_log(tmp_path):
+    """An OPA endpoint, a JWKS URL and a Redis URL that carry a password or a token in
+    their userinfo or query string: each is used (an OPA decision per generation, a JWKS
+    fetch for a JWT, Redis for the rate limits, down here), and none of the secrets
+    reaches the server's output, the log file or the audit log, even at debug level."""
+    opa = OpaServer()
+    closed_port = free_port()
+    secrets = ("canary-opa-pass", "canary-opa-token", "canary-jwks-token", "canary-redis-pass")
+    opa_url = opa.url.replace("http://", "http://canary-opa-user:canary-opa-pass@")
+    config = {
+        "auth": {
+            "api_keys": [{"id": "canary", "key": SECRET_KEY, "roles": ["admin"]}],
+            "oidc": {
+                "issuer": "https://idp.invalid",
+                "audience": "inferflux",
+                "jwks_url": f"http://127.0.0.1:{closed_port}/jwks?access_token=canary-jwks-token",
+                "allow_insecure_loopback_jwks": True,
+            },
+        },
+        "guardrails": {
+            "opa_endpoint": f"{opa_url}/v1/data/inferflux/decision?token=canary-opa-token"
+        },
+        "redis": {"url": f"redis://:canary-redis-pass@127.0.0.1:{closed_port}/0"},
+        "rate_limit": {"requests_per_minute": 1000},
+    }
+    config_path = tmp_path / "inferflux.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    audit_path, log_path = tmp_path / "audit.jsonl", tmp_path / "server.log"
+    env = {
+        "INFERFLUX_AUDIT__PATH": str(audit_path),
+        "INFERFLUX_OBSERVABILITY__LOG_FILE": str(tmp_path / "app.jsonl"),
+        "INFERFLUX_LOG_LEVEL": "debug",
+    }
+    server = ServerProcess("--config", str(config_path), env=env, log_path=log_path)
+    try:
+        server.wait_ready(180)
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            headers = {"Authorization": f"Bearer {SECRET_KEY}"}
+            chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
+            answer = client.post("/v1/chat/completions", json=chat, headers=headers)
+            assert answer.status_code == 200, answer.text
+            assert opa.inputs, "the OPA endpoint was called"
+            token = _signed_jwt()  # a kid the server has no key for: it fetches the JWKS
+            jwt = client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+            assert jwt.status_code == 401  # the JWKS could not be fetched: refused
+    finally:
+        server.close()
+        opa.close()
+    logs = {
+        "server output": log_path.read_text(errors="replace"),
+        "app log": (tmp_path / "app.jsonl").read_text(errors="replace"),
+        "audit log": audit_path.read_text(errors="replace"),
+    }
+    assert "JWKS fetch from" in logs["server output"]  # the lines that name the URLs ran
+    assert "127.0.0.1" in logs["app log"]
+    for where, text in logs.items():
+        for secret in secrets:
+            assert secret not in text, f"{secret} leaked into the {where}"

@@ -2,8 +2,8 @@
 
 Middleware, outer to inner: request id (the request's `RequestContext`) → telemetry
 (latency metrics, the HTTP span) → CORS → audit → authentication → rate limit
-(`api/security_layer.py`) → body-size limit → catch-all 500 → FastAPI's exception
-handlers → routes.
+(`api/security_layer.py`) → body-size limit → catch-all 500 → trailing slashes stripped
+(no redirects) → FastAPI's exception handlers → routes.
 
 Every router is included with the scope its routes need (`_ROUTERS`); only the health
 probes (and /metrics when public) have none, and a test fails any route that lacks one.
@@ -34,7 +34,11 @@ from inferflux.api.admin import models as admin_models
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
-from inferflux.api.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from inferflux.api.middleware import (
+    BodySizeLimitMiddleware,
+    RequestIdMiddleware,
+    TrailingSlashMiddleware,
+)
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
@@ -122,7 +126,9 @@ def create_app(
     `model.chat_template`) does not compile, PolicyStoreError when the policy store cannot
     be read.
     """
-    app = FastAPI(title="InferFlux", version=__version__, lifespan=_lifespan)
+    app = FastAPI(
+        title="InferFlux", version=__version__, lifespan=_lifespan, redirect_slashes=False
+    )
     catalog = catalog or single_model_catalog(
         settings, Path(model_info.path), model_info.model_id, model_info.aliases
     )
@@ -148,6 +154,7 @@ def create_app(
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])
     # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
     install_security(app, settings, access, layer)

@@ -2,8 +2,10 @@
 embedding, whichever API submitted it, passes through it with the `RequestContext` of
 the HTTP request it serves (its principal, its rate-limit status, its record).
 
-Before anything is queued: the request's prefix-cache namespace becomes its tenant's
-(unless the tenant shares its cache), the input guardrails run on the detokenized prompt
+Before anything is queued: a priority above the caller's `priority_cap` (the lower of
+its key's and its tenant's) is lowered to the cap, the request's prefix-cache namespace
+becomes its tenant's (unless the tenant shares its cache), the input guardrails run on the
+detokenized prompt
 (a redacted prompt is re-tokenized, special tokens kept), and the prompt's tokens are
 charged to the token rate limits (RateLimited → 429, nothing queued). While it streams:
 completion tokens are charged as they arrive (in batches, and whatever is left when the
@@ -22,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import anyio
 import msgspec
 
-from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
+from inferflux.engine.messages import AddRequest, FinishReason, Priority, RequestDelta
 from inferflux.engine.protocol import EmbeddingResult, Tokenizer
 from inferflux.errors import InferfluxError, InvalidRequest
 from inferflux.models.serving import ServedEngine, WrappingEngine
@@ -89,6 +91,7 @@ class GuardedEngine(WrappingEngine):
         self, request: AddRequest, context: RequestContext
     ) -> AsyncIterator[RequestDelta]:
         principal, record, status = context.caller, context.record, context.rate_limit
+        request = _capped(request, principal, record)
         request = self._namespaced(request, principal)
         scanner = self._output_scanner(request)
         token_ids = await self._check_input(request.prompt_token_ids, context)
@@ -225,6 +228,19 @@ class GuardedEngine(WrappingEngine):
         context.record.model = self.model
         context.record.num_prompt_tokens += num_tokens
         return await self.inner.embed(checked, context, normalize=normalize)
+
+
+_RANK = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+
+
+def _capped(request: AddRequest, principal: Principal, record: RequestRecord) -> AddRequest:
+    """`request` at the caller's `priority_cap` when it asked for more (recorded as the
+    decision `priority_cap:<cap>`); the scheduler, metrics and /debug see the cap."""
+    cap = principal.priority_cap
+    if cap is None or _RANK[request.priority] <= _RANK[Priority(cap)]:
+        return request
+    record.add_decision(f"priority_cap:{cap}")
+    return msgspec.structs.replace(request, priority=Priority(cap))
 
 
 def _record_delta(record: RequestRecord, delta: RequestDelta) -> None:

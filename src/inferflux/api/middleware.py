@@ -1,7 +1,8 @@
 """Pure-ASGI middleware of the HTTP edge: request ids and the request-body size limit.
 
 Owns: `RequestIdMiddleware` (outermost: creates the request's `RequestContext`, sets
-`x-request-id` and the logging contextvar)
+`x-request-id` and the logging contextvar), `TrailingSlashMiddleware` (innermost: serves
+`/v1/models/` as `/v1/models`, so no route ever answers with a redirect)
 and `BodySizeLimitMiddleware` (413 for bodies over `server.max_request_bytes`). Never
 `BaseHTTPMiddleware` (it breaks contextvars and streaming). Security middleware (authn,
 rate limits, audit) live in `security/`.
@@ -65,6 +66,27 @@ def _client_request_id(scope: Scope) -> str | None:
             text = value.decode("latin-1")
             return text if _VALID_REQUEST_ID.fullmatch(text) else None
     return None
+
+
+class TrailingSlashMiddleware:
+    """Strips trailing slashes from the path before routing (`/v1/admin/api_keys/` is
+    `/v1/admin/api_keys`), in place on the scope. Starlette's own slash handling is off
+    (`create_app`): it answered a 307 before the route's scope check, with a `Location`
+    built from the client's `Host` header, which told any caller which admin routes exist
+    and made an open redirect. Now the route runs, scope check first, like any other."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            if len(path) > 1 and path.endswith("/"):
+                scope["path"] = path.rstrip("/") or "/"
+                raw = scope.get("raw_path")
+                if isinstance(raw, bytes):
+                    scope["raw_path"] = raw.rstrip(b"/") or b"/"
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimitMiddleware:

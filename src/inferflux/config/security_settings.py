@@ -19,6 +19,20 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def re2_error(pattern: str) -> str | None:
+    """None when RE2 (the guardrails' regex engine: linear time, so no backreferences,
+    lookaround, `\\Z`...) compiles `pattern`, else why not. The config file and the admin
+    API check blocklist patterns with this one function, so they cannot drift."""
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+    return None
+
+
 class RedisSettings(_Section):
     url: SecretStr | None = Field(
         None,
@@ -224,15 +238,9 @@ class GuardrailSettings(_Section):
     @classmethod
     def _patterns(cls, patterns: list[str]) -> list[str]:
         for pattern in patterns:
-            options = re2.Options()
-            options.log_errors = False
-            try:
-                re2.compile(pattern, options)
-            except re2.error as exc:
-                reason = (
-                    exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
-                )
-                raise ValueError(f"pattern {pattern!r} is not valid RE2: {reason}") from None
+            reason = re2_error(pattern)
+            if reason is not None:
+                raise ValueError(f"pattern {pattern!r} is not valid RE2: {reason}")
         return patterns
 
     @field_validator("opa_endpoint")

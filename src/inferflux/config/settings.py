@@ -212,6 +212,17 @@ class SchedulerSettings(_Section):
         "at once): fewer messages and SSE events per token, more throughput on a busy CPU, "
         "burstier streams. 1 = every token as it is sampled, as llama-server does.",
     )
+    embed_tokens_per_step: int = Field(
+        64,
+        ge=1,
+        le=8192,
+        description="While generations run, the most embedding tokens a worker computes "
+        "between two engine steps (one forward pass, which also lasts no longer than the "
+        "step before it): a large embeddings request then costs each stream about one "
+        "step per token, not a whole batch. With no generation running, passes last about "
+        "0.25 s for 10 s after the last generation step, then take whole batches (512 "
+        "tokens, the fastest per token).",
+    )
     high_watermark: int = Field(
         1000,
         ge=1,

@@ -28,7 +28,7 @@ from inferflux.engine.messages import (
     TokenLogprob,
 )
 from inferflux.engine.step_recorder import StepRecorder
-from inferflux.errors import EngineError
+from inferflux.errors import ConstraintFailed, EngineError
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
 from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
 
@@ -276,9 +276,15 @@ class EngineCore:
         )
 
     def _sample_isolated(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
-        """`_sample_one`, but an unexpected failure finishes only this request (ERROR)."""
+        """`_sample_one`, but a failure finishes only this request (ERROR): a known one
+        (its constraint failed) with its message and code, an unexpected one logged."""
         try:
             return self._sample_one(chunk, row)
+        except ConstraintFailed as exc:
+            logger.info("request %s: %s", chunk.request.request_id, exc.message)
+            return self._finish(
+                chunk.request, FinishReason.ERROR, "", exc.message, error_code=exc.code
+            )
         except Exception:  # NOTE: the batch goes on without the failed request
             logger.exception("sampling failed for %s", chunk.request.request_id)
             return self._finish(chunk.request, FinishReason.ERROR, "", "sampling failed")
@@ -322,6 +328,7 @@ class EngineCore:
         error: str | None = None,
         *,
         token_ids: list[int] | None = None,
+        error_code: str | None = None,
     ) -> RequestDelta:
         """Remove the request, free its KV and sampler; the last delta carries held text
         unless a stop string matched (that text is never released)."""
@@ -335,6 +342,7 @@ class EngineCore:
         delta = _delta(request, text, token_ids or [])
         delta.finish_reason = reason
         delta.error = error
+        delta.error_code = error_code
         return delta
 
     def stats(self) -> EngineStats:

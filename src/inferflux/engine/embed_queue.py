@@ -6,15 +6,22 @@ every queued request into forward passes of at most `max_batch_tokens` tokens an
 failing one request without touching the others. Does not own: llama.cpp calls
 (`backends/llama_cpp_embed.py`) or transport (the worker sends the `EmbedOutcome`s).
 
-The algorithm, one `step()` = one forward pass:
+The algorithm, one `step(max_tokens)` = one forward pass:
 - admit waiting inputs, first come first served, while a sequence id is free and the KV
-  cells of every admitted input (their full length) fit `max_seq_tokens`;
-- give each admitted input, in admission order, its next chunk of at most the tokens
-  left in the batch budget (a backend that cannot split a sequence takes whole inputs);
+  cells of every admitted input (their full length) fit `max_seq_tokens`; a request that
+  holds its share of the sequences (`n_seq_max` / the requests with work) lets the next
+  one in first, so a request of 2,048 inputs never makes a later request of one input
+  wait for all of them;
+- give each admitted input its next chunk of at most the tokens left in the budget
+  (`max_batch_tokens`, lowered by the worker's `max_tokens` and `max_seconds`: the
+  tokens the measured speed of earlier passes fits in that time, at least
+  `MIN_PASS_TOKENS`), the requests again taking turns at going first; a backend that
+  cannot split a sequence takes whole inputs (one at least, so a pass always progresses);
 - a chunk's mean, weighted by its token count, adds to its input's running sum; an input
   whose last chunk ran is done (sum / length) and frees its sequence id.
 An input longer than the budget thus spans several steps, and generation steps run in
-between: one step never stalls the engine for more than one bounded forward pass.
+between: one step never stalls the engine for more than one bounded forward pass, and
+while generations run that pass is small.
 
 The backend is created lazily by the factory on the first request (a second context
 costs memory that a server that never embeds should not pay). Thread rule: one thread.
@@ -23,7 +30,8 @@ costs memory that a server that never embeds should not pay). Thread rule: one t
 from __future__ import annotations
 
 import logging
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,6 +43,8 @@ from inferflux.engine.messages import EmbedRequest
 from inferflux.errors import InferfluxError
 
 logger = logging.getLogger(__name__)
+
+MIN_PASS_TOKENS = 4  # a pass limited by time still makes this much progress
 
 
 class EmbeddingBackend(Protocol):
@@ -92,9 +102,12 @@ class EmbedQueue:
     def __init__(self, make_backend: Callable[[], EmbeddingBackend]) -> None:
         self._make_backend = make_backend
         self._backend: EmbeddingBackend | None = None
-        self._waiting: deque[_Input] = deque()
+        # request id → its inputs not admitted yet; the first key is the next to admit
+        self._waiting: dict[str, deque[_Input]] = {}
         self._running: list[_Input] = []
         self._jobs: dict[str, _Job] = {}
+        self._turn = 0  # which request's inputs go first in the next pass
+        self.seconds_per_token: float | None = None  # moving average over passes
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
@@ -120,9 +133,10 @@ class EmbedQueue:
             num_tokens=sum(len(ids) for ids in request.inputs),
         )
         self._jobs[job.request_id] = job
-        for index, token_ids in enumerate(request.inputs):
-            total = np.zeros(backend.n_embd, dtype=np.float64)
-            self._waiting.append(_Input(job, index, token_ids, total=total))
+        self._waiting[job.request_id] = deque(
+            _Input(job, index, token_ids, total=np.zeros(backend.n_embd, dtype=np.float64))
+            for index, token_ids in enumerate(request.inputs)
+        )
         return []
 
     def _ensure_backend(self) -> EmbeddingBackend:
@@ -151,56 +165,108 @@ class EmbedQueue:
         """Drop these requests (no outcome is sent). Unknown ids are ignored."""
         gone = {rid for rid in request_ids if self._jobs.pop(rid, None) is not None}
         if gone:
-            self._waiting = deque(i for i in self._waiting if i.job.request_id not in gone)
+            for request_id in gone:
+                self._waiting.pop(request_id, None)
             self._release([i for i in self._running if i.job.request_id in gone])
 
-    def step(self) -> list[EmbedOutcome]:
-        """One forward pass over the next chunks; the requests it completed or failed."""
+    def step(
+        self, max_tokens: int | None = None, max_seconds: float | None = None
+    ) -> list[EmbedOutcome]:
+        """One forward pass over the next chunks, of at most `max_tokens` tokens and about
+        `max_seconds` (None: the backend's batch); the requests it completed or failed."""
         if not self.has_work() or self._backend is None:
             return []
         backend = self._backend
         self._admit(backend)
-        batch = self._plan(backend)
+        batch = self._plan(backend, self._budget(backend, max_tokens, max_seconds))
         if not batch:
             return []
         chunks: list[DecodeChunk] = [
             (item.seq_id, item.token_ids[item.num_done : item.num_done + n], item.num_done, n)
             for item, n in batch
         ]
+        started = time.monotonic()
         try:
             means = backend.decode(chunks)
         except Exception as exc:  # NOTE: one batch's failure must not take the worker down
             logger.exception("an embedding batch of %d sequences failed", len(chunks))
             message = exc.message if isinstance(exc, InferfluxError) else "embedding failed"
             return self._fail_jobs({item.job for item, _ in batch}, message)
+        self._measure(time.monotonic() - started, sum(n for _, n in batch))
         return self._accumulate(batch, means)
+
+    def _budget(
+        self, backend: EmbeddingBackend, max_tokens: int | None, max_seconds: float | None
+    ) -> int:
+        """Tokens for the next pass: the backend's batch, lowered by the limits."""
+        budget = backend.max_batch_tokens
+        if max_tokens is not None:
+            budget = min(budget, max_tokens)
+        if max_seconds is not None and self.seconds_per_token:
+            fits = int(max_seconds / self.seconds_per_token)
+            budget = min(budget, max(fits, MIN_PASS_TOKENS))
+        return budget
+
+    def _measure(self, seconds: float, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        sample = seconds / num_tokens
+        old = self.seconds_per_token
+        self.seconds_per_token = sample if old is None else 0.8 * old + 0.2 * sample
 
     def _admit(self, backend: EmbeddingBackend) -> None:
         used_ids = {item.seq_id for item in self._running}
         cells = sum(len(item.token_ids) for item in self._running)
+        held = Counter(item.job.request_id for item in self._running)
         while self._waiting and len(self._running) < backend.n_seq_max:
-            head = self._waiting[0]
+            request_id = self._next_to_admit(held, backend.n_seq_max)
+            queue = self._waiting[request_id]
+            head = queue[0]
             if cells + len(head.token_ids) > backend.max_seq_tokens:
                 break
-            self._waiting.popleft()
+            queue.popleft()
+            if not queue:
+                del self._waiting[request_id]
+            held[request_id] += 1
             head.seq_id = min(set(range(backend.n_seq_max)) - used_ids)
             used_ids.add(head.seq_id)
             cells += len(head.token_ids)
             self._running.append(head)
 
-    def _plan(self, backend: EmbeddingBackend) -> list[tuple[_Input, int]]:
-        budget = backend.max_batch_tokens
+    def _next_to_admit(self, held: Counter[str], n_seq_max: int) -> str:
+        """The first waiting request (in arrival order) below its share of the sequences,
+        else the first waiting request (a free sequence never idles)."""
+        with_work = set(self._waiting) | set(held)
+        share = -(-n_seq_max // len(with_work))
+        return next((r for r in self._waiting if held[r] < share), next(iter(self._waiting)))
+
+    def _plan(self, backend: EmbeddingBackend, budget: int) -> list[tuple[_Input, int]]:
         batch: list[tuple[_Input, int]] = []
-        for item in self._running:
+        for item in self._in_turn():
             left = len(item.token_ids) - item.num_done
-            if not backend.splits_sequences and left > budget:
-                break
             take = min(left, budget)
+            if not backend.splits_sequences and left > budget:
+                if batch:
+                    break
+                take = left  # NOTE: a whole input alone (it fits the backend's batch)
             if take <= 0:
                 break
             batch.append((item, take))
             budget -= take
+            if budget <= 0:
+                break
+        self._turn += 1
         return batch
+
+    def _in_turn(self) -> list[_Input]:
+        """The running inputs, the requests taking turns at going first (stable within
+        a request)."""
+        order = list(dict.fromkeys(item.job.request_id for item in self._running))
+        if len(order) <= 1:
+            return self._running
+        first = self._turn % len(order)
+        rank = {request_id: (i - first) % len(order) for i, request_id in enumerate(order)}
+        return sorted(self._running, key=lambda item: rank[item.job.request_id])
 
     def _accumulate(
         self, batch: list[tuple[_Input, int]], means: list[np.ndarray]
@@ -231,7 +297,7 @@ class EmbedQueue:
     def _fail_jobs(self, jobs: set[_Job], message: str) -> list[EmbedOutcome]:
         for job in jobs:
             self._jobs.pop(job.request_id, None)
-        self._waiting = deque(i for i in self._waiting if i.job not in jobs)
+            self._waiting.pop(job.request_id, None)
         self._release([i for i in self._running if i.job in jobs])
         return [EmbedOutcome(job.request_id, None, 0, message) for job in jobs]
 

@@ -32,7 +32,7 @@ from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import any_to_lark
 
 from inferflux.config.settings import Settings
-from inferflux.errors import EngineError, InvalidRequest
+from inferflux.errors import ConstraintFailed, EngineError, InvalidRequest
 
 # How JSON is laid out under a schema: compact with one space after ':' and ',' (what the
 # models write naturally), and no free whitespace, which tiny models otherwise emit
@@ -220,11 +220,40 @@ def _gbnf_grammar(text: str) -> str:
 
 
 def validate_grammar(grammar: str, tokenizer: LLTokenizer, limits: GrammarLimits) -> str | None:
-    """None when llguidance compiles `grammar` for `tokenizer` within `limits`, else why not."""
+    """None when llguidance compiles `grammar` for `tokenizer` within `limits` and can take
+    its first token within the per-step limits, else why not."""
     is_error, messages = LLMatcher.validate_grammar_with_warnings(
         grammar, tokenizer, limits=limits.parser_limits()
     )
-    return messages[0] if is_error else None
+    if is_error:
+        return messages[0]
+    return _first_step_error(grammar, tokenizer, limits)
+
+
+def _first_step_error(grammar: str, tokenizer: LLTokenizer, limits: GrammarLimits) -> str | None:
+    """Why the grammar's first step fails (llguidance finds some limits only then: a
+    repetition like `"a"{100000}` exceeds the parser items of one step, `(a{1000}){1000}`
+    the lexer's), or None. Costs one mask and one token: under a millisecond for the
+    grammars people write, up to about a second for a hostile one, off the event loop
+    (the worker would otherwise spend it, and then fail the request)."""
+    parser_limits = limits.parser_limits()
+    matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits)
+    if not matcher.is_error():
+        mask = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.uint32)
+        matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        allowed = np.flatnonzero(mask)
+        if not matcher.is_error() and allowed.size:
+            word = int(allowed[0])
+            bit = (int(mask[word]) & -int(mask[word])).bit_length() - 1
+            matcher.consume_token(word * 32 + bit)
+    if not matcher.is_error():
+        return None
+    error = matcher.get_error().replace("<non-verbose/>", "").strip()
+    return (
+        f"{error} (the engine's limits for one step: "
+        f"{parser_limits.step_max_items} parser items, {parser_limits.max_lexer_states} "
+        "lexer states)"
+    )
 
 
 class GrammarMatcher:
@@ -255,7 +284,8 @@ class GrammarMatcher:
 
     def _raise_if_failed(self) -> None:
         if self._matcher.is_error():
-            raise EngineError(f"constraint failed: {_short(self._matcher.get_error())}")
+            error = _short(self._matcher.get_error().replace("<non-verbose/>", ""))
+            raise ConstraintFailed(f"the output constraint failed: {error}")
 
 
 class MatcherFactory:

@@ -136,6 +136,9 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None
+    # with `error`: the InferfluxError code when the failure is the request's own fault
+    # (`constraint_failed`: its grammar exceeded the engine's limits); None otherwise
+    error_code: str | None = None
     # aligned with token_ids when SamplingParams.logprobs is set
     logprobs: list[TokenLogprob] | None = None
     # on the first delta only, when SamplingParams.prompt_logprobs is set: one entry per

@@ -5,8 +5,18 @@ from inferflux.observability.logging import (
     JsonFormatter,
     configure_logging,
     redact,
+    redact_url,
+    redact_urls,
     request_id_var,
     tenant_var,
 )
 
-__all__ = ["JsonFormatter", "configure_logging", "redact", "request_id_var", "tenant_var"]
+__all__ = [
+    "JsonFormatter",
+    "configure_logging",
+    "redact",
+    "redact_url",
+    "redact_urls",
+    "request_id_var",
+    "tenant_var",
+]

@@ -6,8 +6,10 @@ Owns the root handlers that every InferFlux logger (and uvicorn's) writes throug
 by the authentication middleware once it exists), `RequestSampler` (keeps the info/debug
 lines of `log_sample_rate` of the requests, per request id, for every tenant alike), and
 `redact`, which keeps prompt and output text out of the logs unless
-`observability.debug_prompts` is on. It does not own metrics (`observability/metrics.py`)
-or audit events (`security/`).
+`observability.debug_prompts` is on, and `UrlSecretRedactor`, which strips the
+credentials and the query string of every URL in every line (an OPA endpoint, a JWKS URL
+or a Redis URL may carry a password or a token; `redact_url` does the same for one URL).
+It does not own metrics (`observability/metrics.py`) or audit events (`security/`).
 
 Call `configure_logging` once per process, before anything logs: the API process in
 `inferflux serve`, each worker at start. Start uvicorn with `log_config=None` afterwards,
@@ -21,6 +23,7 @@ import hmac
 import json
 import logging
 import logging.handlers
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -44,6 +47,31 @@ _LEVELS = {
 }
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s:%(request_id_text)s %(message)s"
 _HASH_CHARS = 12
+# scheme://[userinfo@]rest[?query]: userinfo and query are what may carry a secret
+_URL = re.compile(
+    r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/?#@\"'<>]*@)?"
+    r"(?P<rest>[^\s?#\"'<>]*)(?P<query>\?(?:<redacted>|[^\s#\"'<>]*))?"
+)
+# Libraries that log every outbound request at INFO with its full URL (httpx: each OPA
+# decision, each JWKS fetch): kept at WARNING unless the log level is debug.
+_CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
+def _redacted(match: re.Match[str]) -> str:
+    userinfo = "***@" if match["userinfo"] else ""
+    query = "?<redacted>" if match["query"] and len(match["query"]) > 1 else ""
+    return f"{match['scheme']}{userinfo}{match['rest']}{query}"
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL's credentials (`user:password@`) and query string replaced:
+    `http://user:secret@opa/v1/data?token=x` → `http://***@opa/v1/data?<redacted>`."""
+    return _URL.sub(_redacted, text) if "://" in text else text
+
+
+def redact_url(url: str) -> str:
+    """One URL, safe to log (see `redact_urls`)."""
+    return redact_urls(url)
 
 
 class RequestIdFilter(logging.Filter):
@@ -73,6 +101,24 @@ class AccessQueryRedactor(logging.Filter):
             names = (part.partition("=")[0] for part in query.split("&"))
             redacted = "&".join(f"{name}=<redacted>" for name in names if name)
             record.args = (*args[:2], f"{route}?{redacted}", *args[3:])
+        return True
+
+
+class UrlSecretRedactor(logging.Filter):
+    """Rewrites a record whose message or traceback holds a URL with credentials or a
+    query string (`redact_urls`), whichever library logged it. Runs on every handler."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_urls(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_urls(record.exc_text)
         return True
 
 
@@ -118,7 +164,9 @@ class JsonFormatter(logging.Formatter):
         tenant = getattr(record, "tenant", None)
         if tenant:
             entry["tenant"] = tenant
-        if record.exc_info:
+        if record.exc_text:
+            entry["exc"] = record.exc_text
+        elif record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
@@ -168,10 +216,15 @@ def configure_logging(
     for new in handlers:
         new.addFilter(RequestIdFilter())
         new.addFilter(AccessQueryRedactor())
+        new.addFilter(UrlSecretRedactor())
         new.addFilter(RequestSampler(settings.log_sample_rate))
         root.addHandler(new)
     level = _LEVELS[settings.log_level]
     root.setLevel(level)
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if level <= logging.DEBUG else logging.WARNING
+        )
     for name in UVICORN_LOGGERS:
         uvicorn_logger = logging.getLogger(name)
         uvicorn_logger.handlers.clear()

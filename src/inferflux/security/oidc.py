@@ -33,6 +33,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from inferflux.config.auth_settings import OidcSettings
+from inferflux.observability.logging import redact_url, redact_urls
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +90,15 @@ class JwksCache:
             except (httpx.HTTPError, ValueError, ssl.SSLError, OSError) as exc:
                 logger.warning(
                     "JWKS fetch from %s failed (%s: %s); keeping %d cached key(s)",
-                    self._url,
+                    redact_url(self._url),
                     type(exc).__name__,
-                    exc,
+                    redact_urls(str(exc)),
                     len(self._keys),
                 )
                 return
             self._keys = keys
             self._fetched_at = now
-            logger.info("JWKS from %s: %d signing key(s)", self._url, len(keys))
+            logger.info("JWKS from %s: %d signing key(s)", redact_url(self._url), len(keys))
 
     async def _fetch(self) -> dict[str, jwt.PyJWK]:
         verify: ssl.SSLContext | bool = True

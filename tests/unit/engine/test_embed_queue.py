@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferflux.engine.embed_queue import EmbedOutcome, EmbedQueue
+from inferflux.engine.embed_queue import MIN_PASS_TOKENS, EmbedOutcome, EmbedQueue
 from inferflux.engine.messages import (
     EmbedRequest,
     EmbedResult,
@@ -194,3 +194,50 @@ def test_embed_messages_survive_the_wire() -> None:
     assert isinstance(received, EmbedResult)
     decoded = np.frombuffer(received.embeddings, dtype="<f4").reshape(-1, received.n_embd)
     np.testing.assert_array_equal(decoded, vectors)
+
+
+def test_a_pass_beside_generations_takes_at_most_its_budget() -> None:
+    queue, backend = make_queue(max_batch_tokens=16, n_seq_max=4, max_seq_tokens=64)
+    queue.add(request("r", [1] * 12, [2] * 12))
+    queue.step(max_tokens=5)
+    assert sum(len(t) for _, t, _, _ in backend.batches[0]) == 5
+    (outcome,) = run_all(queue)
+    np.testing.assert_allclose(outcome.vectors[1], unit(mean_vector([2] * 12)), rtol=1e-6)
+
+
+def test_a_backend_that_cannot_split_still_takes_one_whole_input() -> None:
+    queue, backend = make_queue(max_batch_tokens=16, splits_sequences=False)
+    queue.add(request("r", [1] * 12, [2] * 3))
+    queue.step(max_tokens=4)
+    assert [len(t) for _, t, _, _ in backend.batches[0]] == [12]  # alone, whole
+    assert len(run_all(queue)) == 1
+
+
+def test_a_small_request_is_not_starved_by_a_large_one() -> None:
+    """2,048 inputs in arrival order would make a later one-input request wait for all of
+    them; with shares of the sequences and turns at each pass it finishes within a few
+    passes while the large one is still far from done."""
+    queue, backend = make_queue(max_batch_tokens=16, n_seq_max=4, max_seq_tokens=64)
+    queue.add(request("large", *[[3] * 10 for _ in range(200)]))
+    for _ in range(3):
+        queue.step(max_tokens=8)
+    queue.add(request("small", [7] * 10))
+    finished: list[str] = []
+    passes = 0
+    while "small" not in finished and passes < 50:
+        passes += 1
+        finished += [o.request_id for o in queue.step(max_tokens=8)]
+    assert finished == ["small"] and passes <= 12
+    assert queue.has_work()  # the large one goes on
+
+
+def test_a_pass_limited_by_time_fits_the_measured_speed() -> None:
+    queue, backend = make_queue(max_batch_tokens=16)
+    queue.add(request("r", [1] * 12, [2] * 12))
+    queue.step(max_tokens=2)  # measures the speed
+    assert queue.seconds_per_token is not None
+    queue.seconds_per_token = 0.01  # as if a token took 10 ms
+    queue.step(max_seconds=0.05)
+    assert sum(len(t) for _, t, _, _ in backend.batches[1]) == 5
+    queue.step(max_seconds=0.001)  # less than one token's time: a minimum still runs
+    assert sum(len(t) for _, t, _, _ in backend.batches[2]) == MIN_PASS_TOKENS

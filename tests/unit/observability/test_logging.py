@@ -23,7 +23,7 @@ class _TtyStream(io.StringIO):
 @pytest.fixture(autouse=True)
 def _restore_logging():
     """Put the root and uvicorn loggers back as they were (pytest's own handlers included)."""
-    names = ["", *UVICORN_LOGGERS]
+    names = ["", *UVICORN_LOGGERS, "httpx", "httpcore"]
     saved = {}
     for name in names:
         lg = logging.getLogger(name)
@@ -265,3 +265,33 @@ def test_worker_log_files_get_a_suffix(tmp_path):
     logging.getLogger("inferflux.test").warning("from a worker")
     configure_logging(ObservabilitySettings(), stream=io.StringIO())
     assert [p.name for p in tmp_path.iterdir()] == ["inferflux.log.worker-3"]
+
+
+def test_urls_lose_their_credentials_and_query_in_every_line():
+    """An outbound URL with a password or a token (OPA, JWKS, Redis) never reaches a log
+    line, whoever logs it: httpx's own INFO lines are quiet unless debug, and anything that
+    still names the URL, in the message or in a traceback, is rewritten."""
+    out = io.StringIO()
+    _configure(out, log_format="json")
+    secret_url = "http://opa-user:opa-secret@127.0.0.1:8181/v1/data/allow?token=opa-token"
+    logging.getLogger("httpx").info("HTTP Request: POST %s", secret_url)
+    logging.getLogger("inferflux.test").warning("calling %s", secret_url)
+    try:
+        raise ConnectionError(f"redis://:redis-secret@127.0.0.1:6390/0 refused ({secret_url})")
+    except ConnectionError:
+        logging.getLogger("inferflux.test").exception("redis down")
+    text = out.getvalue()
+    for secret in ("opa-secret", "opa-token", "redis-secret", "opa-user"):
+        assert secret not in text
+    entries = _json_lines(out)
+    assert [e["logger"] for e in entries] == ["inferflux.test", "inferflux.test"]  # httpx quiet
+    assert entries[0]["msg"] == "calling http://***@127.0.0.1:8181/v1/data/allow?<redacted>"
+    assert "redis://***@127.0.0.1:6390/0" in entries[1]["exc"]
+
+
+def test_httpx_speaks_at_debug():
+    out = io.StringIO()
+    _configure(out, log_format="json", log_level="debug")
+    logging.getLogger("httpx").info("HTTP Request: GET https://idp.example/jwks?key=k1")
+    [entry] = _json_lines(out)
+    assert entry["msg"] == "HTTP Request: GET https://idp.example/jwks?<redacted>"

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
 from inferflux.api.admin.changes import SecurityDep, apply_change
+from inferflux.api.admin.checks import check_key
 from inferflux.api.admin.protocol import CreateKeyBody, key_view
 from inferflux.api.deps import json_body
 from inferflux.api.security_layer import SecurityState
@@ -58,6 +59,7 @@ async def create_key(request: Request, body: CreateKey, security: SecurityDep) -
     unknown = [role for role in body.roles if role not in security.roles]
     if unknown:
         raise InvalidRequest(f"unknown role(s) {unknown}; roles: {sorted(security.roles)}")
+    check_key(body, security.policy.current())
     scopes = frozenset(Scope(s) for s in body.scopes).union(
         *(security.roles[r] for r in body.roles)
     )

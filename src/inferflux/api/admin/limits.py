@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from inferflux.api.admin.changes import SecurityDep, apply_change
+from inferflux.api.admin.checks import check_patterns
 from inferflux.api.admin.protocol import (
     GuardrailsBody,
     RateLimitBody,
@@ -80,7 +81,9 @@ async def get_guardrails(security: SecurityDep) -> dict[str, object]:
 async def put_guardrails(
     request: Request, body: GuardrailsUpdate, security: SecurityDep
 ) -> dict[str, object]:
-    """Replace the guardrail settings (fields left out get their defaults)."""
+    """Replace the guardrail settings (fields left out get their defaults). A pattern the
+    guardrails' regex engine cannot run is a 422, and nothing is stored."""
+    check_patterns(body.blocklist_regex)
     guardrails = body.to_policy()
     policy = await apply_change(
         request, security, "guardrails.update", lambda p: replace(p, guardrails=guardrails)

@@ -99,6 +99,8 @@ class GuardrailsBody(_Body):
     @field_validator("blocklist_regex")
     @classmethod
     def _compiles(cls, patterns: list[str]) -> list[str]:
+        """Malformed in any regex syntax: 400. Well-formed but beyond RE2, the engine that
+        runs them (a backreference, lookaround): 422, in `api/admin/checks.py`."""
         for index, pattern in enumerate(patterns):
             try:
                 re.compile(pattern)

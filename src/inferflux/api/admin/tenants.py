@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
 from inferflux.api.admin.changes import SecurityDep, apply_change
+from inferflux.api.admin.checks import check_models
 from inferflux.api.admin.protocol import CreateTenantBody, TenantFields, tenant_view
 from inferflux.api.deps import json_body
 from inferflux.errors import Conflict, NotFound
@@ -49,6 +50,7 @@ async def create_tenant(
     request: Request, body: CreateTenant, security: SecurityDep
 ) -> JSONResponse:
     """A new tenant; 409 when one of that name exists."""
+    check_models(body.allowed_models, "allowed_models")
 
     def create(policy: Policy) -> Policy:
         if any(t.tenant == body.name for t in policy.tenants):
@@ -66,6 +68,7 @@ async def replace_tenant(
     request: Request, name: str, body: UpdateTenant, security: SecurityDep
 ) -> dict[str, object]:
     """Replace a tenant's settings (fields left out get their defaults)."""
+    check_models(body.allowed_models, "allowed_models")
 
     def update(policy: Policy) -> Policy:
         _find(policy, name)

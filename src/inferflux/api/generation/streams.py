@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 import anyio
 
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
-from inferflux.errors import EngineError, InferfluxError, QueueTimeout
+from inferflux.errors import ConstraintFailed, EngineError, InferfluxError, QueueTimeout
 from inferflux.models.serving import ServedEngine
 from inferflux.security.context import RequestContext
 
@@ -122,6 +122,8 @@ def check_delta(delta: RequestDelta) -> None:
     """Raise for a delta that ends its request badly: EngineError (it failed in the
     engine) or QueueTimeout (it waited too long and never ran: 408)."""
     if delta.finish_reason is FinishReason.ERROR:
+        if delta.error_code == ConstraintFailed.code:
+            raise ConstraintFailed(delta.error or "the output constraint failed")
         raise EngineError(f"generation failed in the engine: {delta.error or 'unknown error'}")
     if delta.finish_reason is FinishReason.TIMEOUT:
         raise QueueTimeout(

@@ -30,7 +30,7 @@ from inferflux.api.generation import (
 from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.chat_tools import ToolChatChoice, resolve_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
-from inferflux.api.openai.envelope import ChunkEnvelope, chat_chunk_choice
+from inferflux.api.openai.envelope import chat_chunk_choice
 from inferflux.api.openai.logprobs import chat_logprobs
 from inferflux.api.openai.protocol import ChatCompletionRequest
 from inferflux.api.openai.render import ChoiceRenderer, OpenAIRenderer, finish_reason_of
@@ -75,15 +75,8 @@ def chat_spec(body: ChatCompletionRequest, serving: ServingState) -> GenerationS
     """The request in the service's terms. Raises InvalidRequest for bad tools (their
     parameter schemas held to the `structured_output.*` bounds) and a bad constraint."""
     tools = resolve_chat_tools(body, serving.constraints)
-    return GenerationSpec(
-        id_prefix="chatcmpl",
-        prompts=[ChatPrompt(body.template_messages(), tools)],
-        sampling=body.sampling_params,
-        prompt_param="messages",
-        n=body.num_choices(),
-        max_tokens=body.requested_max_tokens(),
-        priority=body.engine_priority(),
-        output=body.output_spec(),
+    return body.generation_spec(
+        "chatcmpl", [ChatPrompt(body.template_messages(), tools)], "messages"
     )
 
 
@@ -106,13 +99,8 @@ async def create_chat_completion(
     logprobs = bool(body.logprobs)
 
     def renderer_for(started: Generation) -> OpenAIRenderer:
-        envelope = ChunkEnvelope(
-            started.response_id,
-            model,
-            serving.system_fingerprint,
-            object_names=("chat.completion", "chat.completion.chunk"),
-            include_usage=body.include_usage(),
-        )
+        names = ("chat.completion", "chat.completion.chunk")
+        fingerprint, usage = serving.system_fingerprint, body.include_usage()
 
         def choice(opened: ChoiceOpened) -> ChoiceRenderer:
             index = opened.choice.index
@@ -120,7 +108,9 @@ async def create_chat_completion(
                 return ChatChoice(index, logprobs=logprobs)
             return ToolChatChoice(index, logprobs=logprobs)
 
-        return OpenAIRenderer(envelope, started, choice)
+        return OpenAIRenderer.of(
+            started, model, fingerprint, names, include_usage=usage, make=choice
+        )
 
     start = generation.start(serving, spec, context)
     return await respond(request, start, renderer_for, stream=bool(body.stream))

@@ -31,7 +31,6 @@ from inferflux.api.generation import (
 )
 from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.compat import reject_unsupported
-from inferflux.api.openai.envelope import ChunkEnvelope
 from inferflux.api.openai.logprobs import CompletionLogprobs
 from inferflux.api.openai.protocol import CompletionRequest
 from inferflux.api.openai.render import OpenAIRenderer, finish_reason_of
@@ -96,16 +95,7 @@ def _prompt(prompt: str | list[int]) -> Prompt:
 
 def completion_spec(body: CompletionRequest) -> GenerationSpec:
     """The request in the service's terms (several prompts, n choices each)."""
-    return GenerationSpec(
-        id_prefix="cmpl",
-        prompts=[_prompt(prompt) for prompt in body.prompt_inputs()],
-        sampling=body.sampling_params,
-        prompt_param="prompt",
-        n=body.num_choices(),
-        max_tokens=body.requested_max_tokens(),
-        priority=body.engine_priority(),
-        output=body.output_spec(),
-    )
+    return body.generation_spec("cmpl", [_prompt(p) for p in body.prompt_inputs()], "prompt")
 
 
 CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]
@@ -136,14 +126,11 @@ async def create_completion(
         return CompletionChoice(index, logprobs=logprobs, echo=echo, echo_entries=entries)
 
     def renderer_for(started: Generation) -> OpenAIRenderer:
-        envelope = ChunkEnvelope(
-            started.response_id,
-            model,
-            serving.system_fingerprint,
-            object_names=("text_completion", "text_completion"),
-            include_usage=body.include_usage(),
+        names = ("text_completion", "text_completion")
+        fingerprint, usage = serving.system_fingerprint, body.include_usage()
+        return OpenAIRenderer.of(
+            started, model, fingerprint, names, include_usage=usage, make=choice
         )
-        return OpenAIRenderer(envelope, started, choice)
 
     start = generation.start(serving, completion_spec(body), context)
     return await respond(request, start, renderer_for, stream=bool(body.stream))

@@ -14,6 +14,7 @@ fields are refused, so a typo never silently becomes a default.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Literal, Self
 
 from pydantic import (
@@ -30,7 +31,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from inferflux.api.generation.limits import check_stop_sequences
-from inferflux.api.generation.spec import GrammarOutput, JsonOutput, OutputSpec
+from inferflux.api.generation.spec import (
+    GenerationSpec,
+    GrammarOutput,
+    JsonOutput,
+    OutputSpec,
+    Prompt,
+)
 from inferflux.api.tools.protocol import AssistantToolCall, ToolChoice, ToolDefinition
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
@@ -293,6 +300,22 @@ class GenerationRequest(_Strict):
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.num_logprobs(),
             prompt_logprobs=self.num_prompt_logprobs(),
+        )
+
+    def generation_spec(
+        self, id_prefix: str, prompts: Sequence[Prompt], prompt_param: str
+    ) -> GenerationSpec:
+        """The request in the generation service's terms, over its tokenizable `prompts`
+        (n choices each). Raises InvalidRequest for a bad output constraint."""
+        return GenerationSpec(
+            id_prefix=id_prefix,
+            prompts=prompts,
+            sampling=self.sampling_params,
+            prompt_param=prompt_param,
+            n=self.num_choices(),
+            max_tokens=self.requested_max_tokens(),
+            priority=self.engine_priority(),
+            output=self.output_spec(),
         )
 
     def output_spec(self) -> OutputSpec | None:

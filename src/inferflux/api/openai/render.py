@@ -84,6 +84,28 @@ class OpenAIRenderer:
         self.envelope = envelope
         self.choices = {opened.choice.index: make(opened) for opened in generation.opened}
 
+    @classmethod
+    def of(
+        cls,
+        generation: Generation,
+        model: str,
+        system_fingerprint: str,
+        object_names: tuple[str, str],
+        *,
+        include_usage: bool,
+        make: ChoiceRendererFactory,
+    ) -> OpenAIRenderer:
+        """The renderer of `generation`, answering as `model` with `object_names` (the
+        whole response's `object`, each chunk's)."""
+        envelope = ChunkEnvelope(
+            generation.response_id,
+            model,
+            system_fingerprint,
+            object_names=object_names,
+            include_usage=include_usage,
+        )
+        return cls(envelope, generation, make)
+
     def frames(self, event: GenerationEvent) -> Sequence[bytes]:
         chunk = self.envelope.chunk
         if isinstance(event, ChoiceOutput):
