@@ -31,6 +31,7 @@ from inferflux import __version__
 from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
+from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
@@ -98,6 +99,7 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (admin.router, Scope.ADMIN),
     (admin_models.router, Scope.ADMIN),
     (admin_adapters.router, Scope.ADAPTER_MANAGER),
+    (anthropic_messages.router, Scope.GENERATE),
 )
 
 

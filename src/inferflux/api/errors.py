@@ -6,8 +6,9 @@ validation errors into a 400 whose `param` names the field (never FastAPI's 422)
 envelope for Starlette's 404/405, and `CatchAllMiddleware`, which turns any other exception
 into a logged 500 envelope (never a traceback, never prompt text).
 
-The one exception: under `/api/` (the Ollama-compatible routes) the body is Ollama's
-`{"error": "<message>"}`, with the same status (`error_body` picks the shape by path).
+The exceptions, with the same status (`error_body` picks the shape by path): under `/api/`
+(the Ollama-compatible routes) the body is Ollama's `{"error": "<message>"}`; under
+`/v1/messages` Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
@@ -48,12 +49,38 @@ _EXPECTED = {
 
 
 OLLAMA_PATH_PREFIX = "/api/"
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+# Anthropic's error `type` by HTTP status (anything else: `api_error`)
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(exc: InferfluxError) -> Mapping[str, object]:
+    """Anthropic's `{"type": "error", "error": {"type", "message"}}`; the message starts
+    with the field at fault when there is one (`messages[0].content[0]: ...`)."""
+    kind = _ANTHROPIC_ERROR_TYPES.get(exc.http_status, "api_error")
+    message = exc.message
+    if exc.param and exc.param not in message:
+        message = f"{exc.param}: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_body(exc: InferfluxError, path: str = "") -> Mapping[str, object]:
-    """Ollama's `{"error": message}` for a path under `/api/`, else the OpenAI envelope."""
+    """Ollama's `{"error": message}` for a path under `/api/`, Anthropic's body under
+    `/v1/messages`, else the OpenAI envelope."""
     if path.startswith(OLLAMA_PATH_PREFIX):
         return {"error": exc.message}
+    if path.startswith(ANTHROPIC_PATH_PREFIX):
+        return anthropic_error_body(exc)
     return exc.to_body()
 
 

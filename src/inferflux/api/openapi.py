@@ -28,6 +28,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute
 
 from inferflux.api.deps import JsonBody
+from inferflux.api.errors import ANTHROPIC_PATH_PREFIX, OLLAMA_PATH_PREFIX
 
 # Any (here and below): OpenAPI documents are free-form JSON.
 Document = dict[str, Any]
@@ -35,6 +36,7 @@ Document = dict[str, Any]
 _REF = "#/components/schemas/{model}"
 OPENAI_ERROR = "ErrorEnvelope"
 OLLAMA_ERROR = "OllamaError"
+ANTHROPIC_ERROR = "AnthropicError"
 _ERROR_REF = _REF.format(model=OPENAI_ERROR)
 _ERROR_SCHEMAS: dict[str, Document] = {
     OPENAI_ERROR: {
@@ -61,6 +63,20 @@ _ERROR_SCHEMAS: dict[str, Document] = {
         "type": "object",
         "required": ["error"],
         "properties": {"error": {"type": "string"}},
+    },
+    ANTHROPIC_ERROR: {
+        "title": ANTHROPIC_ERROR,
+        "description": 'Anthropic\'s error shape: {"type": "error", "error": {"type", "message"}}',
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
     },
 }
 _ERROR_DESCRIPTIONS = {
@@ -224,7 +240,11 @@ def _document_errors(operation: Document, path: str) -> None:
     """Add the error responses this kind of operation can give (see `_errors_of`)."""
     responses: Document = operation.setdefault("responses", {})
     responses.pop("422", None)
-    schema = OLLAMA_ERROR if path.startswith("/api/") else OPENAI_ERROR
+    schema = OPENAI_ERROR
+    if path.startswith(OLLAMA_PATH_PREFIX):
+        schema = OLLAMA_ERROR
+    elif path.startswith(ANTHROPIC_PATH_PREFIX):
+        schema = ANTHROPIC_ERROR
     content = {"application/json": {"schema": {"$ref": _REF.format(model=schema)}}}
     for status in _errors_of(operation):
         description = _ERROR_DESCRIPTIONS[status]

@@ -33,6 +33,11 @@ def sse_data(payload: object) -> bytes:
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
+def sse_event(name: str, payload: object) -> bytes:
+    """One named SSE event: `event: <name>\\ndata: {...}\\n\\n` (Anthropic's framing)."""
+    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(payload) + b"\n\n"
+
+
 def sse_error(exc: InferfluxError) -> bytes:
     """The event that reports a failure after the stream started (then send SSE_DONE)."""
     return sse_data(exc.to_body())

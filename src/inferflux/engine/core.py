@@ -298,6 +298,7 @@ class EngineCore:
         self.scheduler.counters.tokens[request.priority] += 1
         finish: FinishReason | None = None
         text = ""
+        matched: str | None = None
         if token in self.backend.eog_token_ids and not state.sampling.ignore_eos:
             finish = FinishReason.STOP
         else:
@@ -309,7 +310,7 @@ class EngineCore:
             elif len(request.output_token_ids) >= request.max_tokens:
                 finish = FinishReason.LENGTH
         delta = (
-            self._finish(request, finish, text, token_ids=[token])
+            self._finish(request, finish, text, token_ids=[token], stop_sequence=matched)
             if finish is not None
             else _delta(request, text, [token])
         )
@@ -329,6 +330,7 @@ class EngineCore:
         *,
         token_ids: list[int] | None = None,
         error_code: str | None = None,
+        stop_sequence: str | None = None,
     ) -> RequestDelta:
         """Remove the request, free its KV and sampler; the last delta carries held text
         unless a stop string matched (that text is never released)."""
@@ -343,6 +345,7 @@ class EngineCore:
         delta.finish_reason = reason
         delta.error = error
         delta.error_code = error_code
+        delta.stop_sequence = stop_sequence
         return delta
 
     def stats(self) -> EngineStats:

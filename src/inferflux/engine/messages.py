@@ -139,6 +139,8 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     # with `error`: the InferfluxError code when the failure is the request's own fault
     # (`constraint_failed`: its grammar exceeded the engine's limits); None otherwise
     error_code: str | None = None
+    # with finish_reason STOP_SEQUENCE: the stop string that matched (never streamed)
+    stop_sequence: str | None = None
     # aligned with token_ids when SamplingParams.logprobs is set
     logprobs: list[TokenLogprob] | None = None
     # on the first delta only, when SamplingParams.prompt_logprobs is set: one entry per

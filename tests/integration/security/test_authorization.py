@@ -43,6 +43,16 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
         ("POST", "/generate"): ("/generate", {"prompt": "Hi", **short}, gen),
         ("POST", "/chat"): ("/chat", {"messages": CHAT, **short}, gen),
         ("POST", "/embeddings"): ("/embeddings", {"input": "Hi"}, gen),
+        ("POST", "/v1/messages"): (
+            "/v1/messages",
+            {"model": model, "messages": CHAT, **short},
+            gen,
+        ),
+        ("POST", "/v1/messages/count_tokens"): (
+            "/v1/messages/count_tokens",
+            {"model": model, "messages": CHAT},
+            gen,
+        ),
         ("POST", "/api/generate"): ("/api/generate", _ollama(model, prompt="Hi"), gen),
         ("POST", "/api/chat"): ("/api/chat", _ollama(model, messages=CHAT), gen),
         ("POST", "/api/embed"): ("/api/embed", {"model": model, "input": "Hi"}, gen),

@@ -74,6 +74,7 @@ class ChoiceResult:
     parts: list[Part] = field(default_factory=list)
     logprobs: list[TokenEntry] = field(default_factory=list)
     structured: StructuredCheck | None = None
+    stop_sequence: str | None = None  # the stop string that ended it (STOP_SEQUENCE)
 
     @property
     def index(self) -> int:

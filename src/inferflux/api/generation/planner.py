@@ -151,6 +151,18 @@ def _wants_bos(tokenizer: Tokenizer, text: str, context: Sequence[int] = ()) -> 
     return not context and not (bos and text.startswith(bos))
 
 
+def _render(template: ChatTemplate, tools: ChatTools, continue_final: bool) -> str:
+    """The prompt text; with `continue_final`, the conversation up to the last assistant
+    message's content, left open (what Hugging Face calls `continue_final_message`)."""
+    if not continue_final:
+        return template.render(tools.messages, tools=tools.template_tools)
+    text = template.render(tools.messages, add_generation_prompt=False, tools=tools.template_tools)
+    last = tools.messages[-1].get("content") if tools.messages else None
+    if isinstance(last, str) and last and last in text:
+        return text[: text.rindex(last) + len(last)]
+    return text
+
+
 async def compile_output(
     compiler: ConstraintCompiler, output: OutputSpec | None
 ) -> OutputConstraint | None:
@@ -197,7 +209,7 @@ class Planner:
             assert tools is not None  # NOTE: planned for every chat prompt
             context = prompt.context_token_ids
             check_token_ids(context, serving.model_info.n_vocab, "context")
-            text = serving.chat_template.render(tools.messages, tools=tools.template_tools)
+            text = _render(serving.chat_template, tools, prompt.continue_final)
             add_special = _wants_bos(tokenizer, text, context)
             return context + await tokenize(tokenizer, text, add_special=add_special, tracer=tracer)
         if isinstance(prompt, TextPrompt):

@@ -69,6 +69,7 @@ class ChoiceRun:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
         self.first_token_ns: int | None = None
+        self.stop_sequence: str | None = None
         self.last_delta_ns = 0
         self.result: ChoiceResult | None = None
 
@@ -81,6 +82,7 @@ class ChoiceRun:
         finish = delta.finish_reason
         if finish is not None:
             check_delta(delta)
+            self.stop_sequence = delta.stop_sequence
         text = delta.text
         self.last_delta_ns = now = time.monotonic_ns()
         if delta.token_ids:
@@ -127,6 +129,7 @@ class ChoiceRun:
             parts=self.parts,
             logprobs=self.entries,
             structured=structured,
+            stop_sequence=self.stop_sequence,
         )
         return ChoiceClosed(rest, self.result)
 

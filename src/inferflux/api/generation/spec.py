@@ -29,6 +29,9 @@ class ChatPrompt:
     messages: list[dict[str, object]]
     tools: ToolPlan | None = None
     context_token_ids: list[int] = field(default_factory=list)
+    # the last message is an assistant turn to continue (Anthropic's prefill), not a
+    # finished one: no generation prompt, and the text ends where its content ends
+    continue_final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
