@@ -2,7 +2,8 @@
 
 Runs compare_servers.py (InferFlux vs llama-server vs llama-cpp-python, both test models),
 server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache on vs
-off), priority_load.py (mixed priority and overload) and constrained.py (JSON-schema
+off), priority_load.py (mixed priority and overload), responses_ws.py (the Responses API's
+tool-call loop over HTTP and WebSocket) and constrained.py (JSON-schema
 constrained vs free decoding, both test models). Each starts its own servers. Run on a
 quiet machine; append the figures to BENCHMARKS.md by hand with the machine description.
 """
@@ -21,6 +22,7 @@ RUNS = [
     ["server_vs_engine.py", "--json", str(RESULTS / "server_vs_engine_smollm2.json")],
     ["agent_trace.py", "--json", str(RESULTS / "agent_trace_smollm2.json")],
     ["priority_load.py", "--json", str(RESULTS / "priority_load_smollm2.json")],
+    ["responses_ws.py", "--json", str(RESULTS / "responses_ws.json")],
     [
         "constrained.py",
         "--json",

@@ -52,6 +52,9 @@ from inferflux.api.ollama import models as ollama_models
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
+from inferflux.api.response_store import ResponseStore
+from inferflux.api.responses import routes as responses_routes
+from inferflux.api.responses import socket as responses_socket
 from inferflux.api.security_layer import (
     SecurityLayer,
     SecurityState,
@@ -100,6 +103,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (admin_models.router, Scope.ADMIN),
     (admin_adapters.router, Scope.ADAPTER_MANAGER),
     (anthropic_messages.router, Scope.GENERATE),
+    (responses_routes.router, Scope.GENERATE),
+    (responses_socket.router, Scope.GENERATE),
 )
 
 
@@ -151,7 +156,13 @@ def create_app(
         EngineModelLoader(settings, wrap, engines),
     )
     generation = GenerationService(telemetry)
-    attach_state(app, AppState(settings, telemetry, access, layer, models, generation))
+    responses = settings.responses
+    stored = ResponseStore(
+        max_responses=responses.max_stored,
+        max_bytes=responses.max_stored_bytes,
+        ttl_s=responses.ttl_s,
+    )
+    attach_state(app, AppState(settings, telemetry, access, layer, models, generation, stored))
     install_error_handlers(app)
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])

@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from starlette.types import ASGIApp
 
 from inferflux.api.generation.service import GenerationService
+from inferflux.api.response_store import ResponseStore
 from inferflux.api.security_layer import SecurityLayer, SecurityState
 from inferflux.api.telemetry import Telemetry
 from inferflux.config.settings import Settings
@@ -37,6 +38,7 @@ class AppState:
     security_layer: SecurityLayer
     models: ModelHub
     generation: GenerationService
+    responses: ResponseStore  # the Responses API's stored responses
     engine_start_error: str | None = None
     request_shutdown: Callable[[], None] | None = None
 

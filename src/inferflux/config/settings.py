@@ -276,6 +276,28 @@ class StructuredOutputSettings(_Section):
     )
 
 
+class ResponsesSettings(_Section):
+    max_stored: int = Field(
+        1024,
+        ge=0,
+        le=1_000_000,
+        description="Responses kept for GET /v1/responses/{id} and previous_response_id "
+        "(least recently used dropped first); 0 keeps none.",
+    )
+    max_stored_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        le=64 * 1024 * 1024 * 1024,
+        description="Bytes of JSON the stored responses may hold in all.",
+    )
+    ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        le=30 * 86400,
+        description="Seconds a stored response is kept; after that it is gone (404).",
+    )
+
+
 class MetricsSettings(_Section):
     enabled: bool = Field(
         True, description="Serve Prometheus metrics at GET /metrics and record them."
@@ -373,6 +395,9 @@ class Settings(_Section):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
     structured_output: StructuredOutputSettings = Field(
         default_factory=StructuredOutputSettings  # type: ignore[arg-type]
+    )
+    responses: ResponsesSettings = Field(
+        default_factory=ResponsesSettings  # type: ignore[arg-type]
     )
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     observability: ObservabilitySettings = Field(

@@ -16,6 +16,7 @@ refused (401), never read. The middleware sets the principal on the request's co
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -205,12 +206,15 @@ class AuthenticationMiddleware:
         self.render_error = render_error
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         try:
             principal = await self._principal(scope)
         except (Unauthorized, PermissionDenied) as exc:
+            if scope["type"] == "websocket":
+                await _refuse_handshake(exc, scope, receive, send)
+                return
             await drain_body(receive, max_bytes=_DRAIN_MAX_BYTES, max_s=_DRAIN_MAX_S)
             await self.render_error(exc, scope.get("path", ""))(scope, receive, send)
             return
@@ -240,6 +244,23 @@ class AuthenticationMiddleware:
         if needed is not None and not principal.has_scope(needed):
             raise PermissionDenied(f"'{principal.subject}' lacks the '{needed}' scope")
         return principal
+
+
+async def _refuse_handshake(
+    exc: Unauthorized | PermissionDenied, scope: AsgiScope, receive: Receive, send: Send
+) -> None:
+    """Refuse a WebSocket upgrade: an HTTP 401/403 with the OpenAI error body where the
+    server can send one (the `websocket.http.response` extension), else close 1008."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps(exc.to_body()).encode()
+        headers = [(b"content-type", b"application/json")]
+        headers += [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+        start = {"type": "websocket.http.response.start", "status": exc.http_status}
+        await send({**start, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
 
 
 def _credential_in_query(query: bytes) -> bool:

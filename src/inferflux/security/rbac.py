@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from fastapi.params import Depends as DependsParam
+from starlette.exceptions import WebSocketException
+from starlette.requests import HTTPConnection
+from starlette.status import WS_1008_POLICY_VIOLATION
 
 from inferflux.errors import PermissionDenied, Unauthorized
 from inferflux.security.context import context_of
@@ -26,17 +29,24 @@ _SCOPE_ATTR = "__inferflux_required_scope__"
 
 
 def require_scope(scope: Scope) -> DependsParam:
-    """A route dependency: the request's principal must hold `scope`."""
+    """A route dependency: the request's principal must hold `scope`. A WebSocket
+    handshake that fails is refused with close code 1008 (policy violation), which the
+    client sees as an HTTP 403."""
 
-    async def check(request: Request) -> None:
-        principal = context_of(request.scope).caller
+    async def check(connection: HTTPConnection) -> None:
+        principal = context_of(connection.scope).caller
+        error: Unauthorized | PermissionDenied | None = None
         if principal is UNAUTHENTICATED:
-            raise Unauthorized("authentication required: send Authorization: Bearer <key>")
-        if not principal.has_scope(scope):
-            raise PermissionDenied(
+            error = Unauthorized("authentication required: send Authorization: Bearer <key>")
+        elif not principal.has_scope(scope):
+            error = PermissionDenied(
                 f"'{principal.subject}' lacks the '{scope}' scope this route needs "
                 f"(it has: {', '.join(sorted(principal.scopes)) or 'none'})"
             )
+        if error is not None and connection.scope["type"] == "websocket":
+            raise WebSocketException(WS_1008_POLICY_VIOLATION, error.message[:120])
+        if error is not None:
+            raise error
 
     setattr(check, _SCOPE_ATTR, scope)
     check.__name__ = f"require_{scope.replace('-', '_')}"

@@ -53,6 +53,23 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
             {"model": model, "messages": CHAT},
             gen,
         ),
+        ("POST", "/v1/responses"): (
+            "/v1/responses",
+            {"model": model, "input": "Hi", "max_output_tokens": 1},
+            gen,
+        ),
+        ("POST", "/v1/responses/input_tokens"): (
+            "/v1/responses/input_tokens",
+            {"model": model, "input": "Hi"},
+            gen,
+        ),
+        ("GET", "/v1/responses/{response_id}"): ("/v1/responses/resp_none", None, gen),
+        ("DELETE", "/v1/responses/{response_id}"): ("/v1/responses/resp_none", None, gen),
+        ("GET", "/v1/responses/{response_id}/input_items"): (
+            "/v1/responses/resp_none/input_items",
+            None,
+            gen,
+        ),
         ("POST", "/api/generate"): ("/api/generate", _ollama(model, prompt="Hi"), gen),
         ("POST", "/api/chat"): ("/api/chat", _ollama(model, messages=CHAT), gen),
         ("POST", "/api/embed"): ("/api/embed", {"model": model, "input": "Hi"}, gen),

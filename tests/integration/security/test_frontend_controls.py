@@ -10,11 +10,14 @@ error shape. Runs on the real app over the real engine with authentication on.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from starlette.types import ASGIApp, Message
 
 from tests.integration.security.conftest import KEYS, SecuredApp
 
@@ -30,6 +33,7 @@ class Frontend:
     body: Callable[[str, str], dict]  # (model, text) → a valid body
     error: Callable[[dict], str]  # an error body → its code or type, in this shape
     generates: bool = True
+    websocket: bool = False  # the body goes as a `response.create` message on a WebSocket
 
 
 def _openai(body: dict) -> str:
@@ -105,12 +109,97 @@ FRONTENDS = [
         lambda m, t: {"model": m, "messages": _chat(m, t), "max_tokens": 2, "priority": "high"},
         _anthropic,
     ),
+    Frontend(
+        "openai responses",
+        "/v1/responses",
+        lambda m, t: {"model": m, "input": t, "max_output_tokens": 2, "priority": "high"},
+        _openai,
+    ),
+    Frontend(
+        "openai responses websocket",
+        "/v1/responses",
+        lambda m, t: {"model": m, "input": t, "max_output_tokens": 2, "priority": "high"},
+        _openai,
+        websocket=True,
+    ),
     Frontend("openai embeddings", "/v1/embeddings", lambda m, t: {"input": t}, _openai, False),
     Frontend("native embeddings", "/embeddings", lambda m, t: {"input": t}, _openai, False),
     Frontend("ollama embed", "/api/embed", lambda m, t: {"model": m, "input": t}, _ollama, False),
 ]
 GENERATING = [f for f in FRONTENDS if f.generates]
 IDS = [f.name for f in FRONTENDS]
+_ENDED = ("response.completed", "response.incomplete", "response.failed", "error")
+
+
+@dataclass
+class Answer:
+    """What a WebSocket exchange ended with, read like an HTTP response."""
+
+    status_code: int
+    body: dict = field(default_factory=dict)
+
+    def json(self) -> dict:
+        return self.body
+
+    @property
+    def text(self) -> str:
+        return json.dumps(self.body)
+
+
+async def _post(
+    secured: SecuredApp, frontend: Frontend, key: str | None, body: dict
+) -> httpx.Response | Answer:
+    if frontend.websocket:
+        return await _over_websocket(secured.app, key, frontend.path, body)
+    async with secured.client(key) as client:
+        return await client.post(frontend.path, json=body)
+
+
+async def _over_websocket(app: ASGIApp, key: str | None, path: str, body: dict) -> Answer:
+    """One `response.create` over an in-process WebSocket: a refused handshake (its HTTP
+    status, or a close: 403), an `error` event (its status), or the finished response."""
+    headers = [(b"host", b"inferflux")]
+    if key is not None:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "scheme": "ws",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("inferflux", 80),
+        "subprotocols": [],
+        "extensions": {"websocket.http.response": {}},
+        "state": {},
+    }
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    outbox: asyncio.Queue[Message] = asyncio.Queue()
+    inbox.put_nowait({"type": "websocket.connect"})
+    task = asyncio.create_task(app(scope, inbox.get, outbox.put))
+    try:
+        first = await asyncio.wait_for(outbox.get(), 30)
+        if first["type"] == "websocket.http.response.start":
+            refused = await outbox.get()
+            return Answer(first["status"], json.loads(refused["body"]))
+        if first["type"] == "websocket.close":
+            return Answer(403, {"error": {"code": "insufficient_scope"}})
+        assert first["type"] == "websocket.accept", first
+        message = json.dumps({"type": "response.create", **body})
+        inbox.put_nowait({"type": "websocket.receive", "text": message})
+        while (event := json.loads((await asyncio.wait_for(outbox.get(), 60))["text"]))[
+            "type"
+        ] not in _ENDED:
+            pass
+        if event["type"] == "error":
+            return Answer(event["status"], {"error": event["error"]})
+        return Answer(200, event["response"])
+    finally:
+        inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
+        await asyncio.wait_for(task, 30)
 
 
 @pytest.fixture
@@ -137,12 +226,9 @@ async def _key(admin: httpx.AsyncClient, tenant: str, **fields: object) -> str:
 @pytest.mark.parametrize("frontend", FRONTENDS, ids=IDS)
 async def test_authentication_and_scope(secured: SecuredApp, frontend: Frontend, model: str):
     body = frontend.body(model, WORDS)
-    async with secured.client() as anonymous:
-        refused = await anonymous.post(frontend.path, json=body)
-    async with secured.client(KEYS["read"]) as reader:
-        denied = await reader.post(frontend.path, json=body)
-    async with secured.client(KEYS["generate"]) as user:
-        allowed = await user.post(frontend.path, json=body)
+    refused = await _post(secured, frontend, None, body)
+    denied = await _post(secured, frontend, KEYS["read"], body)
+    allowed = await _post(secured, frontend, KEYS["generate"], body)
     assert refused.status_code == 401 and frontend.error(refused.json())
     assert denied.status_code == 403 and frontend.error(denied.json())
     assert allowed.status_code == 200, allowed.text
@@ -156,8 +242,8 @@ async def test_input_guardrails(
     blocked = {**before, "blocklist": [*before["blocklist"], "forbiddenword"]}
     assert (await admin.put("/v1/admin/guardrails", json=blocked)).status_code == 200
     try:
-        async with secured.client(KEYS["generate"]) as user:
-            answer = await user.post(frontend.path, json=frontend.body(model, "a forbiddenword"))
+        body = frontend.body(model, "a forbiddenword")
+        answer = await _post(secured, frontend, KEYS["generate"], body)
     finally:
         assert (await admin.put("/v1/admin/guardrails", json=before)).status_code == 200
     assert answer.status_code == 400, answer.text
@@ -170,10 +256,9 @@ async def test_token_rate_limits(
     secured: SecuredApp, frontend: Frontend, model: str, admin: httpx.AsyncClient
 ):
     key = await _key(admin, "default", limits={"tokens_per_minute": 80})
-    async with secured.client(key) as user:
-        answers = [await user.post(frontend.path, json=frontend.body(model, WORDS))]
-        while answers[-1].status_code == 200 and len(answers) < 8:
-            answers.append(await user.post(frontend.path, json=frontend.body(model, WORDS)))
+    answers = [await _post(secured, frontend, key, frontend.body(model, WORDS))]
+    while answers[-1].status_code == 200 and len(answers) < 8:
+        answers.append(await _post(secured, frontend, key, frontend.body(model, WORDS)))
     assert answers[0].status_code == 200, answers[0].text
     refused = answers[-1]
     assert refused.status_code == 429, [a.status_code for a in answers]
@@ -186,8 +271,7 @@ async def test_priority_cap(
 ):
     tenant = "cap-" + frontend.name.replace(" ", "-")
     key = await _key(admin, tenant, priority_cap="low")
-    async with secured.client(key) as user:
-        answer = await user.post(frontend.path, json=frontend.body(model, WORDS))
+    answer = await _post(secured, frontend, key, frontend.body(model, WORDS))
     assert answer.status_code == 200, answer.text
     recent = (await admin.get("/debug/requests", params={"tenant": tenant})).json()["recent"]
     assert [r["priority"] for r in recent] == ["low"]
@@ -204,11 +288,29 @@ async def test_tenants_never_share_cached_prefixes(
     for side, repeats in (("a", 2), ("b", 1)):
         tenant = f"cache-{side}-{frontend.name.replace(' ', '-')}"
         key = await _key(admin, tenant)
-        async with secured.client(key) as user:
-            for _ in range(repeats):
-                answer = await user.post(frontend.path, json=frontend.body(model, text))
-                assert answer.status_code == 200, answer.text
+        for _ in range(repeats):
+            answer = await _post(secured, frontend, key, frontend.body(model, text))
+            assert answer.status_code == 200, answer.text
         recent = (await admin.get("/debug/requests", params={"tenant": tenant})).json()["recent"]
         cached[side] = [r["num_cached_tokens"] for r in recent]
     assert cached["a"][0] > 0  # the second request of tenant a (newest first)
     assert cached["b"] == [0]
+
+
+async def test_stored_responses_are_invisible_to_other_tenants(secured: SecuredApp, model: str):
+    """A response kept for previous_response_id belongs to its tenant: another tenant can
+    neither read, list, delete nor continue it (404 / 400, as if it did not exist)."""
+    body = {"model": model, "input": WORDS, "max_output_tokens": 2}
+    async with secured.client(KEYS["generate"]) as acme, secured.client(KEYS["globex"]) as globex:
+        created = await acme.post("/v1/responses", json=body)
+        assert created.status_code == 200, created.text
+        response_id = created.json()["id"]
+        for path in (f"/v1/responses/{response_id}", f"/v1/responses/{response_id}/input_items"):
+            assert (await globex.get(path)).status_code == 404
+        assert (await globex.delete(f"/v1/responses/{response_id}")).status_code == 404
+        chained = await globex.post(
+            "/v1/responses", json={**body, "previous_response_id": response_id}
+        )
+        assert chained.status_code == 400
+        assert chained.json()["error"]["code"] == "previous_response_not_found"
+        assert (await acme.get(f"/v1/responses/{response_id}")).status_code == 200

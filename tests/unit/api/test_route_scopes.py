@@ -21,6 +21,8 @@ EXPECTED_PREFIXES = (
     ("/debug/", Scope.ADMIN),
     ("/v1/chat/", Scope.GENERATE),
     ("/v1/completions", Scope.GENERATE),
+    ("/v1/responses", Scope.GENERATE),
+    ("/v1/messages", Scope.GENERATE),
     ("/v1/embeddings", Scope.GENERATE),
     ("/api/generate", Scope.GENERATE),
     ("/api/chat", Scope.GENERATE),
