@@ -46,6 +46,12 @@ def server_url(server_log: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def served_model(server_url: str) -> str:
+    """The id of the model `server_url` serves."""
+    return str(httpx.get(f"{server_url}/v1/models").json()["data"][0]["id"])
+
+
+@pytest.fixture(scope="session")
 async def inprocess_app() -> AsyncIterator[FastAPI]:
     """The app over the real engine on a thread of this process, lifespan running."""
     settings = load_settings(env={}, overrides={"runtime.in_process": True})

@@ -35,8 +35,8 @@ def client(server_url: str) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def model(server_url: str) -> str:
-    return str(httpx.get(f"{server_url}/v1/models").json()["data"][0]["id"])
+def model(served_model: str) -> str:
+    return served_model
 
 
 def test_a_response_has_text_usage_and_a_status(client: openai.OpenAI, model: str):

@@ -4,7 +4,8 @@ A client keeps one connection for a chain of responses (a tool-call loop): it se
 `{"type": "response.create", ...}` messages whose other fields are a `POST /v1/responses`
 body (`stream` and `background` are the transport's: every response streams), and gets
 the same typed events back, one JSON text message each. Responses run one at a time, in
-the order they were sent. A failure before a response starts is one `error` message
+the order they were sent (at most `MAX_QUEUED` may wait: a client that sends more is
+closed with 1008). A failure before a response starts is one `error` message
 (`{"type": "error", "status", "error": {"type", "code", "message", "param"}}`), and the
 connection stays open.
 
@@ -35,6 +36,7 @@ from inferflux.api.state import app_state
 router = APIRouter(tags=["responses"])
 
 CONNECTION_RESPONSES = 16  # responses a connection keeps for its own chains
+MAX_QUEUED = 32  # messages waiting behind the response in flight; more closes the socket
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # Headers of the upgrade request that each in-process request carries on.
 _CARRIED = {b"authorization", b"x-api-key", b"traceparent", b"tracestate", b"user-agent"}
@@ -89,11 +91,13 @@ class ResponsesConnection:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
+                if self.inbox.qsize() >= MAX_QUEUED:
+                    reason = f"more than {MAX_QUEUED} messages queued behind a response"
+                    await self.websocket.close(1008, reason)
+                    break
                 text = message.get("text")
-                if text is None:
-                    self.inbox.put_nowait("")  # a binary frame: answered with an error
-                else:
-                    self.inbox.put_nowait(text)
+                # a binary frame is queued as "" and answered with an error
+                self.inbox.put_nowait(text if isinstance(text, str) else "")
         finally:
             self.closed.set()
             self.inbox.put_nowait(None)
