@@ -138,7 +138,10 @@ class OidcSettings(_Section):
     )
     audience: str | None = Field(None, description="Expected `aud` (required with issuer).")
     jwks_url: str | None = Field(
-        None, description="The issuer's JWKS URL (https; required with issuer)."
+        None,
+        description="The issuer's JWKS URL (https). Unset: discovered from the issuer's "
+        "/.well-known/openid-configuration (`jwks_uri`; the document's `issuer` must equal "
+        "oidc.issuer).",
     )
     algorithms: list[JwtAlgorithm] = Field(
         default_factory=lambda: list(DEFAULT_ALGORITHMS),
@@ -187,16 +190,26 @@ class OidcSettings(_Section):
     def _complete(self) -> Self:
         if self.issuer is None:
             return self
-        if not self.audience or not self.jwks_url:
-            raise ValueError("with oidc.issuer set, set oidc.audience and oidc.jwks_url too")
-        url = urlsplit(self.jwks_url)
-        if url.scheme == "https" and url.hostname:
-            return self
-        if url.scheme == "http" and self.allow_insecure_loopback_jwks and _loopback(url.hostname):
-            return self
+        if not self.audience:
+            raise ValueError("with oidc.issuer set, set oidc.audience too")
+        if self.jwks_url is not None:
+            self.check_fetch_url(self.jwks_url, "jwks_url")
+        else:  # discovery: the issuer is where the keys are found
+            self.check_fetch_url(self.issuer, "issuer (without jwks_url, discovery)")
+        return self
+
+    def check_fetch_url(self, url: str, what: str) -> None:
+        """Raise ValueError unless `url` is one the server may fetch keys from: https, or
+        http on a loopback host with `allow_insecure_loopback_jwks` (tests)."""
+        parts = urlsplit(url)
+        if parts.scheme == "https" and parts.hostname:
+            return
+        loopback = self.allow_insecure_loopback_jwks and _loopback(parts.hostname)
+        if parts.scheme == "http" and loopback:
+            return
         raise ValueError(
-            f"jwks_url {self.jwks_url!r} must be an https:// URL (http:// only on a loopback "
-            "host with oidc.allow_insecure_loopback_jwks, for tests)"
+            f"{what} {url!r} must be an https:// URL (http:// only on a loopback host with "
+            "oidc.allow_insecure_loopback_jwks, for tests)"
         )
 
 

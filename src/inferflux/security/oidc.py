@@ -1,6 +1,8 @@
 """OIDC bearer tokens: JWT verification against the issuer's JWKS.
 
-Owns: `JwksCache` (the issuer's signing keys, fetched over HTTPS, cached for
+Owns: `JwksCache` (the issuer's signing keys, fetched over HTTPS from `jwks_url`, or from
+the `jwks_uri` of the issuer's `/.well-known/openid-configuration` when `jwks_url` is not
+set (OIDC Discovery; the document must name the same issuer); cached for
 `jwks_max_age_s`, refetched when a token names an unknown `kid` at most once per
 `jwks_refetch_cooldown_s`, and kept when a fetch fails) and `OidcVerifier` (one token →
 its claims, or `TokenRejected`). Does not own: turning claims into a `Principal` (that is
@@ -38,6 +40,7 @@ from inferflux.observability.logging import redact_url, redact_urls
 logger = logging.getLogger(__name__)
 
 MAX_JWKS_BYTES = 1024 * 1024
+DISCOVERY_PATH = "/.well-known/openid-configuration"
 _EC_CURVES = {"ES256": "secp256r1", "ES384": "secp384r1", "ES512": "secp521r1"}
 
 
@@ -59,9 +62,9 @@ class JwksCache:
     """
 
     def __init__(self, settings: OidcSettings, clock: Callable[[], float] = time.monotonic):
-        if settings.jwks_url is None:
-            raise ValueError("OIDC needs auth.oidc.jwks_url")
-        self._url = settings.jwks_url
+        if settings.jwks_url is None and settings.issuer is None:
+            raise ValueError("OIDC needs auth.oidc.issuer")
+        self._url = settings.jwks_url or discovery_url(settings.issuer or "")
         self._settings = settings
         self._clock = clock
         self._keys: dict[str, jwt.PyJWK] = {}
@@ -106,12 +109,8 @@ class JwksCache:
             verify = ssl.create_default_context(cafile=self._settings.jwks_ca_file)
         timeout = self._settings.jwks_timeout_s
         async with httpx.AsyncClient(verify=verify, timeout=timeout) as client:
-            response = await client.get(self._url, headers={"accept": "application/json"})
-        if response.status_code != 200:
-            raise ValueError(f"HTTP {response.status_code}")
-        if len(response.content) > MAX_JWKS_BYTES:
-            raise ValueError(f"the JWKS is larger than {MAX_JWKS_BYTES} bytes")
-        document = response.json()
+            url = self._settings.jwks_url or await self._discover(client)
+            document = await _get_json(client, url)
         entries = document.get("keys") if isinstance(document, dict) else None
         if not isinstance(entries, list):
             raise ValueError("the document has no `keys` list")
@@ -119,6 +118,34 @@ class JwksCache:
         if not keys:
             raise ValueError("no usable signing key in the JWKS")
         return keys
+
+    async def _discover(self, client: httpx.AsyncClient) -> str:
+        """The `jwks_uri` of the issuer's discovery document (fetched on every refresh:
+        an IdP that moves its keys is followed). Raises ValueError for a document that
+        names another issuer or a `jwks_uri` the server may not fetch."""
+        document = await _get_json(client, self._url)
+        issuer = document.get("issuer") if isinstance(document, dict) else None
+        if issuer != self._settings.issuer:
+            raise ValueError("the discovery document names another issuer")
+        jwks_uri = document.get("jwks_uri") if isinstance(document, dict) else None
+        if not isinstance(jwks_uri, str):
+            raise ValueError("the discovery document has no jwks_uri")
+        self._settings.check_fetch_url(jwks_uri, "jwks_uri")
+        return jwks_uri
+
+
+def discovery_url(issuer: str) -> str:
+    """`<issuer>/.well-known/openid-configuration` (OIDC Discovery 1.0, section 4)."""
+    return issuer.rstrip("/") + DISCOVERY_PATH
+
+
+async def _get_json(client: httpx.AsyncClient, url: str) -> object:
+    response = await client.get(url, headers={"accept": "application/json"})
+    if response.status_code != 200:
+        raise ValueError(f"HTTP {response.status_code}")
+    if len(response.content) > MAX_JWKS_BYTES:
+        raise ValueError(f"the document is larger than {MAX_JWKS_BYTES} bytes")
+    return response.json()
 
 
 def _signing_key(entry: object) -> tuple[str, jwt.PyJWK | None]:

@@ -59,11 +59,14 @@ def standard_claims(claims: dict | None = None, **overrides) -> dict:
 
 
 class JwksServer:
-    """Serves `keys` (a list of JWKs, replaceable) at /jwks.json over HTTPS; counts hits.
-    `fail` makes it answer 500 (an issuer outage)."""
+    """Serves `keys` (a list of JWKs, replaceable) at /jwks.json over HTTPS, and an OIDC
+    discovery document at /.well-known/openid-configuration (`issuer`: its base URL,
+    `jwks_uri`: /jwks.json; `discovery` overrides fields); counts hits. `fail` makes it
+    answer 500 (an issuer outage)."""
 
     def __init__(self, ca: trustme.CA, ca_path: Path) -> None:
         self.keys: list[dict] = []
+        self.discovery: dict = {}
         self.num_requests = 0
         self.fail = False
         server = self
@@ -71,7 +74,11 @@ class JwksServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 server.num_requests += 1
-                body = json.dumps({"keys": server.keys}).encode()
+                document: dict = {"keys": server.keys}
+                if self.path == "/.well-known/openid-configuration":
+                    document = {"issuer": server.base_url, "jwks_uri": server.url}
+                    document.update(server.discovery)
+                body = json.dumps(document).encode()
                 self.send_response(500 if server.fail else 200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -87,7 +94,8 @@ class JwksServer:
         self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         ca.cert_pem.write_to_path(str(ca_path))
         self.ca_path = ca_path
-        self.url = f"https://127.0.0.1:{self._httpd.server_address[1]}/jwks.json"
+        self.base_url = f"https://127.0.0.1:{self._httpd.server_address[1]}"
+        self.url = f"{self.base_url}/jwks.json"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 

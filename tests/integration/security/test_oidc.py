@@ -181,3 +181,41 @@ async def test_an_untrusted_jwks_certificate_yields_no_keys(secured: SecuredApp)
     verifier = OidcVerifier(settings)
     with pytest.raises(TokenRejected, match="unknown key id"):
         await verifier.verify(secured.rsa.token())
+
+
+def discovered_settings(secured: SecuredApp) -> OidcSettings:
+    """The issuer alone (no jwks_url): keys found through OIDC discovery."""
+    return OidcSettings(
+        issuer=secured.jwks.base_url,
+        audience=AUDIENCE,
+        jwks_ca_file=str(secured.jwks.ca_path),
+    )
+
+
+async def test_the_issuer_alone_finds_its_keys_through_discovery(secured: SecuredApp):
+    verifier = OidcVerifier(discovered_settings(secured))
+    claims = await verifier.verify(secured.rsa.token(iss=secured.jwks.base_url))
+    assert claims["sub"] == "user-1"
+    with pytest.raises(TokenRejected, match="wrong issuer"):
+        await verifier.verify(secured.rsa.token())  # signed right, but another issuer
+
+
+@pytest.mark.parametrize(
+    "discovery",
+    [
+        {"issuer": "https://impostor.test"},  # the document speaks for another issuer
+        {"jwks_uri": "http://evil.example/jwks.json"},  # keys from a plain-http URL
+        {"jwks_uri": None},
+    ],
+)
+async def test_a_discovery_document_that_does_not_fit_yields_no_keys(
+    secured: SecuredApp, discovery: dict
+):
+    """Fail closed: no keys, so every token is refused (and nothing else is trusted)."""
+    secured.jwks.discovery = discovery
+    try:
+        verifier = OidcVerifier(discovered_settings(secured))
+        with pytest.raises(TokenRejected, match="unknown key id"):
+            await verifier.verify(secured.rsa.token(iss=secured.jwks.base_url))
+    finally:
+        secured.jwks.discovery = {}

@@ -86,7 +86,8 @@ def test_bad_api_keys_are_named_and_never_quoted(tmp_path, entry, match):
 @pytest.mark.parametrize(
     ("oidc", "match"),
     [
-        ({"issuer": "https://i"}, "set oidc.audience and oidc.jwks_url"),
+        ({"issuer": "https://i"}, "set oidc.audience too"),
+        ({"issuer": "http://idp.example", "audience": "a"}, "discovery"),
         ({"issuer": "https://i", "audience": "a", "jwks_url": "http://idp/jwks"}, "https://"),
         (
             {
