@@ -3,18 +3,25 @@ scanner that must catch a finding however the stream splits it."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inferflux.api.admin.protocol import guardrails_view
+from inferflux.config.auth_settings import AuthSettings
 from inferflux.config.security_settings import GuardrailSettings
-from inferflux.errors import ConfigError, ContentFiltered, PolicyUnavailable
+from inferflux.errors import ConfigError, ContentFiltered
+from inferflux.security.api_keys import KeyDigester
 from inferflux.security.digest import TextDigester
 from inferflux.security.guardrails import Blocklist, OutputBlocked, PiiScanner, iban_ok, luhn_ok
 from inferflux.security.guardrails.chain import CompiledChain, Guardrails, OutputScanner, redact
 from inferflux.security.guardrails.opa import DecisionContext
+from inferflux.security.live_policy import build_live_policy
 from inferflux.security.policy import GuardrailPolicy, Policy, StaticPolicySource
+from inferflux.security.policy_store import PolicyStore
 from inferflux.security.principal import ANONYMOUS
+from inferflux.security.rbac import roles_table
 
 
 def test_blocklist_matches_whole_words_case_insensitively_in_any_script():
@@ -78,8 +85,6 @@ def _scan_in_pieces(scanner: OutputScanner, pieces: list[str]) -> str:
 
 
 def _guardrails(policy: GuardrailPolicy) -> Guardrails:
-    import httpx
-
     return Guardrails(
         StaticPolicySource(Policy(guardrails=policy)),
         GuardrailSettings(stream_window_chars=32),
@@ -150,8 +155,20 @@ async def test_input_verdicts_block_or_redact():
     await guardrails.aclose()
 
 
-async def test_a_policy_that_does_not_compile_fails_closed():
-    guardrails = _guardrails(GuardrailPolicy(blocklist_regex=("(a)\\1",)))
-    with pytest.raises(PolicyUnavailable):
-        await guardrails.check_input("x", DecisionContext(ANONYMOUS, "m", "/"))
+async def test_a_stored_pattern_re2_cannot_run_is_skipped_not_fatal(tmp_path, caplog):
+    """Only a store written before the admin API checked patterns can hold one. Loading it
+    (a restart) works, the pattern is skipped and logged, the other guardrails apply."""
+    store = PolicyStore(tmp_path / "policy.enc", "a passphrase, long enough", log2_n=14)
+    patterns = ("(a)\\1", r"secret\d+")
+    store.save(Policy(guardrails=GuardrailPolicy(blocklist_regex=patterns)))
+    auth = AuthSettings()
+    live = build_live_policy(auth, Policy(), KeyDigester(None), roles_table(auth.roles), store)
+    guardrails = Guardrails(live, GuardrailSettings(), TextDigester(b"k" * 32), httpx.AsyncClient())
+    context = DecisionContext(ANONYMOUS, "m", "/")
+    assert (await guardrails.check_input("nothing to see", context)).text == "nothing to see"
+    with pytest.raises(ContentFiltered):
+        await guardrails.check_input("the secret42 is out", context)
+    assert "'(a)" in caplog.text and "SKIPPED" in caplog.text
+    view = guardrails_view(live.current().guardrails)
+    assert view["invalid_blocklist_regex"] == ["(a)\\1"]
     await guardrails.aclose()

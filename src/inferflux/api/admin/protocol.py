@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import NAME_PATTERN, PriorityName, ScopeName
+from inferflux.security.guardrails.chain import invalid_patterns
 from inferflux.security.policy import ApiKeyRecord, GuardrailPolicy, RateLimits, TenantPolicy
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -95,6 +96,8 @@ class GuardrailsBody(_Body):
     pii_action: Literal["off", "redact", "block"] = "off"
     opa_endpoint: str | None = Field(None, max_length=2048)
     opa_fail_open: bool = False
+    # what GET reports (read-only, ignored): a GET body PUT back as it is stays valid
+    invalid_blocklist_regex: list[str] | None = Field(None, max_length=MAX_REGEXES)
 
     @field_validator("blocklist_regex")
     @classmethod
@@ -176,6 +179,8 @@ def guardrails_view(guardrails: GuardrailPolicy) -> dict[str, object]:
     return {
         "blocklist": list(guardrails.blocklist),
         "blocklist_regex": list(guardrails.blocklist_regex),
+        # skipped until replaced: only an old store can hold them (guardrails/chain.py)
+        "invalid_blocklist_regex": invalid_patterns(guardrails.blocklist_regex),
         "pii_action": guardrails.pii_action,
         "opa_endpoint": guardrails.opa_endpoint,
         "opa_fail_open": guardrails.opa_fail_open,

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import httpx
 
-from inferflux.config.security_settings import GuardrailSettings
+from inferflux.config.security_settings import GuardrailSettings, re2_error
 from inferflux.errors import ConfigError, ContentFiltered, PolicyDenied, PolicyUnavailable
 from inferflux.security.digest import TextDigester
 from inferflux.security.guardrails.content import (
@@ -80,6 +80,29 @@ class CompiledChain:
         return sorted(findings, key=lambda f: f.start)
 
 
+def invalid_patterns(patterns: Sequence[str]) -> list[str]:
+    """The blocklist patterns RE2 cannot run (only a store written before the admin API
+    checked them can hold one: the config and the admin API refuse them)."""
+    return [pattern for pattern in patterns if re2_error(pattern) is not None]
+
+
+def usable_patterns(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """`patterns` less those RE2 cannot run, which are logged (at each compile of a
+    policy: once per policy change). Skipping them keeps one bad stored pattern from
+    refusing every generation (a restart on such a store would otherwise serve nothing);
+    `GET /v1/admin/guardrails` lists them as `invalid_blocklist_regex` until fixed."""
+    invalid = invalid_patterns(patterns)
+    if not invalid:
+        return patterns
+    logger.error(
+        "guardrails.blocklist_regex: %d stored pattern(s) are not valid RE2 and are SKIPPED "
+        "until replaced (PUT /v1/admin/guardrails): %s",
+        len(invalid),
+        ", ".join(repr(p) for p in invalid),
+    )
+    return tuple(p for p in patterns if p not in invalid)
+
+
 def redact(text: str, findings: Sequence[Finding]) -> str:
     """`text` with each (disjoint, sorted) redacting finding replaced by its mark."""
     parts: list[str] = []
@@ -124,8 +147,9 @@ class Guardrails:
 
     def _compile(self, policy: GuardrailPolicy) -> CompiledChain:
         content: list[ContentGuardrail] = []
-        if policy.blocklist or policy.blocklist_regex:
-            content.append(Blocklist(policy.blocklist, policy.blocklist_regex))
+        patterns = usable_patterns(policy.blocklist_regex)
+        if policy.blocklist or patterns:
+            content.append(Blocklist(policy.blocklist, patterns))
         if policy.pii_action != "off":
             content.append(PiiScanner(policy.pii_action))
         opa = None
