@@ -193,7 +193,7 @@ def test_priority_extension(http: httpx.Client, model: str) -> None:
         ({"prompt": "x"}, 400, "model is required"),
         ({"model": "{m}", "prompt": 5}, 400, "'prompt'"),
         ({"model": "{m}", "prompt": "x", "options": {"temperature": "hot"}}, 400, "temperature"),
-        ({"model": "{m}", "prompt": "x", "options": {"mirostat": 2}}, 400, "mirostat"),
+        ({"model": "{m}", "prompt": "x", "options": {"mirostat": 3}}, 400, "mirostat"),
         ({"model": "{m}", "prompt": "x", "format": "xml"}, 400, "format"),
         ({"model": "{m}", "prompt": "x", "format": {"type": "wat"}}, 400, "invalid JSON schema"),
         ({"model": "{m}", "prompt": "x", "images": ["aGk="]}, 400, "images"),

@@ -72,6 +72,21 @@ def sampler_spec(params: SamplingParams) -> SamplerSpec:
         logit_bias=tuple(sorted(params.logit_bias.items())),
         ignore_eos=params.ignore_eos,
         constraint=params.constraint,
+        typical_p=params.typical_p,
+        top_n_sigma=params.top_n_sigma,
+        mirostat=params.mirostat,
+        mirostat_tau=params.mirostat_tau,
+        mirostat_eta=params.mirostat_eta,
+        dynatemp_range=params.dynatemp_range,
+        dynatemp_exponent=params.dynatemp_exponent,
+        dry_multiplier=params.dry_multiplier,
+        dry_base=params.dry_base,
+        dry_allowed_length=params.dry_allowed_length,
+        dry_penalty_last_n=params.dry_penalty_last_n,
+        dry_sequence_breakers=tuple(params.dry_sequence_breakers),
+        xtc_probability=params.xtc_probability,
+        xtc_threshold=params.xtc_threshold,
+        samplers=tuple(params.samplers) if params.samplers is not None else None,
     )
 
 

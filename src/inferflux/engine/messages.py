@@ -61,7 +61,23 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repeat_penalty: float = 1.0  # 1 = off (llama.cpp semantics)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    penalty_last_n: int = 64  # how many recent generated tokens penalties look at
+    penalty_last_n: int = 64  # recent generated tokens penalties look at; -1 = the context
+    # llama.cpp's other samplers (api/generation/sampler_options.py documents them)
+    typical_p: float = 1.0  # 1 = off
+    top_n_sigma: float = -1.0  # <= 0 = off
+    mirostat: int = 0  # 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replaces the other samplers)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dynatemp_range: float = 0.0  # 0 = off: temperature ± range, by the distribution's entropy
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0  # 0 = off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # -1 = the context, 0 = off
+    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
+    xtc_probability: float = 0.0  # 0 = off
+    xtc_threshold: float = 0.1
+    samplers: list[str] | None = None  # the order of the samplers (None: llama.cpp's)
     logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
     stop: list[str] = msgspec.field(default_factory=list)
     ignore_eos: bool = False

@@ -121,8 +121,11 @@ def test_num_predict(num_predict: int | None, expected: int | None) -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        {"mirostat": 2},
-        {"typical_p": 0.5},
+        {"mirostat": 3},
+        {"typical_p": 0.0},
+        {"dry_base": 0.5},
+        {"samplers": ["top_k", "top_k"]},
+        {"samplers": ["beam"]},
         {"temperature": "0.5"},
         {"top_p": 1.5},
         {"stop": [""]},
@@ -133,6 +136,24 @@ def test_num_predict(num_predict: int | None, expected: int | None) -> None:
 def test_options_refused(options: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         OllamaOptions.model_validate(options)
+
+
+def test_llama_cpp_samplers_map_to_the_engine() -> None:
+    options = OllamaOptions.model_validate(
+        {
+            "mirostat": 2,
+            "mirostat_tau": 3.0,
+            "typical_p": 0.9,
+            "dry_multiplier": 0.8,
+            "xtc_probability": 0.5,
+            "samplers": ["top_k", "temperature"],
+            "repeat_last_n": -1,
+        }
+    )
+    params = sampling_params(options, max_tokens=1, n_ctx=8)
+    assert (params.mirostat, params.mirostat_tau, params.typical_p) == (2, 3.0, 0.9)
+    assert (params.dry_multiplier, params.xtc_probability) == (0.8, 0.5)
+    assert params.samplers == ["top_k", "temperature"] and params.penalty_last_n == 8
 
 
 def test_unknown_options_and_fields_are_ignored_like_ollama() -> None:

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferflux.api.generation.limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from inferflux.api.generation.sampler_options import SamplerOptions
 from inferflux.engine.messages import Priority, SamplingParams
 
 MAX_TOP_K = 2**31 - 1  # llama.cpp takes an int32
@@ -31,8 +32,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class GenerationKnobs(_Strict):
-    """Sampling and delivery fields shared by /generate and /chat."""
+class GenerationKnobs(_Strict, SamplerOptions):
+    """Sampling and delivery fields shared by /generate and /chat (llama.cpp's other
+    samplers from `SamplerOptions`)."""
 
     model: str | None = Field(None, description="the served model id; omitted = that model")
     adapter: str | None = Field(
@@ -66,6 +68,7 @@ class GenerationKnobs(_Strict):
             top_k=self.top_k or 0,
             seed=self.seed,
             stop=list(self.stop_sequences or []),
+            **self.sampler_fields(),  # type: ignore[arg-type]
         )
 
 

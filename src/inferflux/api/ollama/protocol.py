@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from pydantic_core import PydanticCustomError
 
 from inferflux.api.generation.limits import check_stop_sequences
+from inferflux.api.generation.sampler_options import SamplerOptions
 from inferflux.api.generation.spec import JsonOutput, OutputSpec
 from inferflux.api.tools.parser import new_call_id
 from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
@@ -91,8 +92,10 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
-class OllamaOptions(BaseModel):
-    """Ollama's `options`. Unknown keys are ignored (and logged), as Ollama does."""
+class OllamaOptions(SamplerOptions):
+    """Ollama's `options`. Unknown keys are ignored (and logged), as Ollama does.
+    llama.cpp's other samplers (`mirostat`, `typical_p`, DRY, XTC, ...) come from
+    `SamplerOptions`."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
@@ -108,13 +111,7 @@ class OllamaOptions(BaseModel):
     repeat_penalty: float | None = Field(default=None, ge=0.0, le=100.0)  # 0: off
     presence_penalty: float | None = Field(default=None, ge=-100.0, le=100.0)
     frequency_penalty: float | None = Field(default=None, ge=-100.0, le=100.0)
-    repeat_last_n: int | None = Field(default=None, ge=-1, le=_INT32_MAX)  # -1: all, 0: off
-    # refused unless they are no-ops
-    mirostat: int | None = None
-    typical_p: float | None = None
     # accepted and ignored: no effect on our sampler, or decided by the server config
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
     tfs_z: float | None = None
     penalize_newline: bool | None = None
     num_keep: int | None = None
@@ -136,24 +133,6 @@ class OllamaOptions(BaseModel):
     @classmethod
     def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
         return check_stop_sequences(stop)
-
-    @field_validator("mirostat")
-    @classmethod
-    def _no_mirostat(cls, mirostat: int | None) -> int | None:
-        if mirostat:
-            raise PydanticCustomError(
-                "unsupported_option", "mirostat sampling is not supported; leave it at 0"
-            )
-        return mirostat
-
-    @field_validator("typical_p")
-    @classmethod
-    def _no_typical_p(cls, typical_p: float | None) -> float | None:
-        if typical_p is not None and 0.0 < typical_p < 1.0:
-            raise PydanticCustomError(
-                "unsupported_option", "locally typical sampling is not supported; leave it at 1.0"
-            )
-        return typical_p
 
     @model_validator(mode="after")
     def _log_unknown(self) -> Self:
@@ -187,6 +166,7 @@ def sampling_params(
     o = options or OllamaOptions()
     repeat_last_n = DEFAULT_REPEAT_LAST_N if o.repeat_last_n is None else o.repeat_last_n
     repeat_penalty = DEFAULT_REPEAT_PENALTY if o.repeat_penalty is None else o.repeat_penalty
+    others = {k: v for k, v in o.sampler_fields().items() if k != "penalty_last_n"}
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=DEFAULT_TEMPERATURE if o.temperature is None else o.temperature,
@@ -201,6 +181,7 @@ def sampling_params(
         stop=o.stop_list(),
         logprobs=logprobs,
         constraint=constraint,
+        **others,  # type: ignore[arg-type]
     )
 
 

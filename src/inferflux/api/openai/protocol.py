@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from inferflux.api.generation.limits import check_stop_sequences
+from inferflux.api.generation.sampler_options import SamplerOptions
 from inferflux.api.generation.spec import (
     GenerationSpec,
     GrammarOutput,
@@ -198,8 +199,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
     return [message.for_template(f"messages[{i}]") for i, message in enumerate(messages)]
 
 
-class GenerationRequest(_Strict):
-    """Fields shared by chat and text completions."""
+class GenerationRequest(_Strict, SamplerOptions):
+    """Fields shared by chat and text completions (llama.cpp's other samplers, from
+    `SamplerOptions`, are extensions)."""
 
     model: str | None = None
     adapter: str | None = Field(None, min_length=1, max_length=128)  # InferFlux: LoRA adapter
@@ -300,6 +302,7 @@ class GenerationRequest(_Strict):
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.num_logprobs(),
             prompt_logprobs=self.num_prompt_logprobs(),
+            **self.sampler_fields(),  # type: ignore[arg-type]
         )
 
     def generation_spec(

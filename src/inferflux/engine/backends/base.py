@@ -10,6 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# llama.cpp's default order of the samplers between the logit bias and the final draw
+# (common/sampling.cpp); a request's `samplers` picks and orders a subset
+DEFAULT_SAMPLER_ORDER = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class SamplerSpec:
@@ -27,6 +41,21 @@ class SamplerSpec:
     logit_bias: tuple[tuple[int, float], ...]
     ignore_eos: bool
     constraint: str | None = None  # an llguidance grammar (engine/grammar.py)
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    samplers: tuple[str, ...] | None = None  # the order (None: DEFAULT_SAMPLER_ORDER)
 
 
 class SamplerHandle(Protocol):

@@ -252,6 +252,7 @@ class LlamaCppBackend:
             self._apply_lora(config.lora)
         self._memory = ll.llama_get_memory(self._ctx)
         self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
+        self.n_ctx_per_seq = config.n_ctx_per_seq
         self._batch = _NumpyBatch(config.n_batch)
         self._pieces: dict[int, bytes] = {}
         self.eog_token_ids: frozenset[int] = frozenset(
@@ -338,7 +339,14 @@ class LlamaCppBackend:
             if self._matchers is None:
                 self._matchers = MatcherFactory(self._grammar().get())
             matcher = self._matchers.make(params.constraint)
-        return Sampler(params, self.n_vocab, self.eog_token_ids, matcher)
+        return Sampler(
+            params,
+            self.n_vocab,
+            self.eog_token_ids,
+            matcher,
+            vocab=self._vocab,
+            n_ctx=self.n_ctx_per_seq,
+        )
 
     def sample(self, sampler: SamplerHandle, batch_index: int) -> int:
         """Sample from the logits of batch row `batch_index` (updates penalty history, and

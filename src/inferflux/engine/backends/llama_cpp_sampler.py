@@ -1,7 +1,10 @@
 """Per-sequence sampling on llama.cpp: a sampler chain, plus an optional grammar constraint.
 
-Owns `Sampler`: the llama.cpp chain (logit_bias → penalties → top_k → top_p → min_p → temp
-→ dist, or greedy) and, for a constrained sequence, how the constraint meets the chain.
+Owns `Sampler`: the llama.cpp chain (logit_bias, then llama.cpp's default order: penalties
+→ DRY → top-n-sigma → top_k → typical → top_p → min_p → XTC → temperature (dynamic with
+`dynatemp_range`) → dist, or a request's own `samplers` order; Mirostat 1/2: temperature
+→ mirostat; greedy: penalties → DRY → argmax) and, for a constrained sequence, how the
+constraint meets the chain.
 Does not own the logits (the backend's context) or what a grammar is (engine/grammar.py).
 
 Constrained sampling, "sample, then verify": the chain samples from the raw logits and
@@ -17,13 +20,14 @@ Thread rule: a Sampler is used by the worker thread that owns the context.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
-from inferflux.engine.backends.base import SamplerSpec
+from inferflux.engine.backends.base import DEFAULT_SAMPLER_ORDER, SamplerSpec
 from inferflux.engine.grammar import GrammarMatcher
 from inferflux.errors import EngineError
 
@@ -90,19 +94,28 @@ class Sampler:
         n_vocab: int,
         eog_token_ids: frozenset[int],
         matcher: GrammarMatcher | None = None,
+        *,
+        vocab: Any = None,  # llama_vocab* (the DRY sampler tokenizes its breakers)
+        n_ctx: int = 0,  # what a `last_n` of -1 means
     ) -> None:
         self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         self.matcher = matcher
         self.n_vocab = n_vocab
+        self.spec = spec
+        self._vocab = vocab
+        self._n_ctx = n_ctx
         penalties = bool(
             spec.repeat_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty
         )
-        # sample, then verify (module docstring); penalties would record a rejected token
-        self.verify_first = not penalties
+        self._penalties = penalties
+        self._dry = spec.dry_multiplier > 0.0 and spec.dry_penalty_last_n != 0
+        # sample, then verify (module docstring): a sampler with history (penalties, DRY,
+        # Mirostat's running estimate) would record a rejected token, so those mask first
+        self.verify_first = not (penalties or self._dry or spec.mirostat)
         bias = dict(spec.logit_bias)
         if spec.ignore_eos and matcher is None:
             bias.update(dict.fromkeys(eog_token_ids, -math.inf))
-        plain = spec.temperature <= 0.0 and not penalties and matcher is None
+        plain = spec.temperature <= 0.0 and not penalties and not self._dry and matcher is None
         # argmax tokens the chain must judge (biased ones); None: always use the chain
         self.argmax_defers_to: frozenset[int] | None = (
             frozenset(bias) if plain and not spec.logit_bias else None
@@ -112,30 +125,79 @@ class Sampler:
                 *(ll.llama_logit_bias(token=t, bias=b) for t, b in bias.items())
             )
             self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
-        if penalties:
+        if spec.temperature <= 0.0:  # greedy: what changes logits by history, then argmax
+            self._add_history_samplers()
+            self._add(ll.llama_sampler_init_greedy())
+        elif spec.mirostat:  # Mirostat replaces the others, as in llama.cpp
+            self._add(ll.llama_sampler_init_temp(spec.temperature))
+            seed = spec.seed & 0xFFFFFFFF
+            tau, eta = spec.mirostat_tau, spec.mirostat_eta
+            if spec.mirostat == 1:
+                self._add(ll.llama_sampler_init_mirostat(n_vocab, seed, tau, eta, 100))
+            else:
+                self._add(ll.llama_sampler_init_mirostat_v2(seed, tau, eta))
+        else:
+            for name in spec.samplers if spec.samplers is not None else DEFAULT_SAMPLER_ORDER:
+                self._add_named(name)
+            self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
+
+    def _last_n(self, last_n: int) -> int:
+        return self._n_ctx if last_n < 0 else last_n
+
+    def _add_history_samplers(self) -> None:
+        self._add_named("penalties")
+        self._add_named("dry")
+
+    def _add_named(self, name: str) -> None:  # noqa: C901 (one branch per sampler)
+        """Add sampler `name` (DEFAULT_SAMPLER_ORDER's names) when its settings turn it on."""
+        spec = self.spec
+        if name == "penalties" and self._penalties:
             self._add(
                 ll.llama_sampler_init_penalties(
-                    n_vocab,  # NOTE: the vendored llama.h of 0.3.36 still takes n_vocab first
-                    spec.penalty_last_n,
+                    self.n_vocab,  # NOTE: the vendored llama.h of 0.3.36 takes n_vocab first
+                    self._last_n(spec.penalty_last_n),
                     spec.repeat_penalty,
                     spec.frequency_penalty,
                     spec.presence_penalty,
                 )
             )
-        self._add_selection(spec)
-
-    def _add_selection(self, spec: SamplerSpec) -> None:
-        if spec.temperature <= 0.0:
-            self._add(ll.llama_sampler_init_greedy())
-            return
-        if spec.top_k > 0:
+        elif name == "dry" and self._dry and self._vocab is not None:
+            self._add_dry()
+        elif name == "top_n_sigma" and spec.top_n_sigma > 0.0:
+            self._add(ll.llama_sampler_init_top_n_sigma(spec.top_n_sigma))
+        elif name == "top_k" and spec.top_k > 0:
             self._add(ll.llama_sampler_init_top_k(spec.top_k))
-        if spec.top_p < 1.0:
+        elif name == "typ_p" and spec.typical_p < 1.0:
+            self._add(ll.llama_sampler_init_typical(spec.typical_p, 1))
+        elif name == "top_p" and spec.top_p < 1.0:
             self._add(ll.llama_sampler_init_top_p(spec.top_p, 1))
-        if spec.min_p > 0.0:
+        elif name == "min_p" and spec.min_p > 0.0:
             self._add(ll.llama_sampler_init_min_p(spec.min_p, 1))
-        self._add(ll.llama_sampler_init_temp(spec.temperature))
-        self._add(ll.llama_sampler_init_dist(spec.seed & 0xFFFFFFFF))
+        elif name == "xtc" and spec.xtc_probability > 0.0:
+            seed = (spec.seed + 1) & 0xFFFFFFFF
+            self._add(ll.llama_sampler_init_xtc(spec.xtc_probability, spec.xtc_threshold, 1, seed))
+        elif name == "temperature":
+            if spec.dynatemp_range > 0.0:
+                range_, exponent = spec.dynatemp_range, spec.dynatemp_exponent
+                self._add(ll.llama_sampler_init_temp_ext(spec.temperature, range_, exponent))
+            else:
+                self._add(ll.llama_sampler_init_temp(spec.temperature))
+
+    def _add_dry(self) -> None:
+        spec = self.spec
+        breakers = [b.encode() for b in spec.dry_sequence_breakers]
+        array = (ctypes.c_char_p * max(len(breakers), 1))(*breakers)
+        self._add(
+            ll.llama_sampler_init_dry(
+                self._vocab,
+                spec.dry_multiplier,
+                spec.dry_base,
+                spec.dry_allowed_length,
+                self._last_n(spec.dry_penalty_last_n),
+                array,
+                len(breakers),
+            )
+        )
 
     def _add(self, sampler: Any) -> None:  # Any: llama_sampler*
         ll.llama_sampler_chain_add(self.chain, sampler)
