@@ -45,11 +45,11 @@ def test_the_other_statuses():
 
 def test_a_failure_carries_the_message_the_field_and_the_code():
     error = errors.InvalidRequest("must be at most 2", param="sampling.temperature")
-    failed = CallFailed(400, error_payload(error), [("x-request-id", "r1")])
+    failed = CallFailed(400, error_payload(error), (("x-request-id", "r1"),))
     assert failed.code == Code.INVALID_ARGUMENT
     assert failed.details == "sampling.temperature: must be at most 2"
-    assert failed.trailers == [("inferflux-error-code", "invalid_request"), ("x-request-id", "r1")]
-    garbled = CallFailed(500, b"<html>", [])
+    assert failed.trailers == (("inferflux-error-code", "invalid_request"), ("x-request-id", "r1"))
+    garbled = CallFailed(500, b"<html>", ())
     assert garbled.code == Code.INTERNAL and "logged" in garbled.details
 
 

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.types import Receive, Scope, Send
 
 from inferflux.api.grpc import GrpcServer, start_grpc_server
+from inferflux.api.grpc.gen import inference_pb2 as pb
 from inferflux.api.grpc.render import ERROR_FLAG, frame
 from inferflux.config.settings import ServerSettings
 from inferflux.errors import ConfigError, RateLimited
@@ -30,6 +31,7 @@ class ScriptedApp:
     def __init__(self) -> None:
         self.scopes: list[Scope] = []
         self.disconnected = asyncio.Event()
+        self.cut = False  # Chat ends after a delta, without its finish
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scopes.append(scope)
@@ -52,7 +54,10 @@ class ScriptedApp:
 
     async def Chat(self, body: bytes, receive: Receive, send: Send) -> None:  # noqa: N802
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": frame(b""), "more_body": True})
+        delta = pb.ChatResponse(delta="Hel").SerializeToString()
+        await send({"type": "http.response.body", "body": frame(delta), "more_body": not self.cut})
+        if self.cut:
+            return
         assert (await receive())["type"] == "http.disconnect"
         self.disconnected.set()
 
@@ -129,7 +134,7 @@ async def test_an_app_that_fails_is_internal(served):
 async def test_a_cancelled_call_reaches_the_app_as_a_disconnect(served):
     app, _, channel, _ = served
     call = channel.unary_stream("/inferflux.v1.Inference/Chat")(b"", timeout=5)
-    assert await call.read() == b""
+    assert await call.read()
     call.cancel()
     await asyncio.wait_for(app.disconnected.wait(), 5)
 
@@ -138,3 +143,13 @@ async def test_a_port_in_use_is_a_clear_error(served):
     _, server, _, _ = served
     with pytest.raises(ConfigError, match="server.grpc_port: cannot listen on 127.0.0.1:"):
         await start_grpc_server(ScriptedApp(), ServerSettings(grpc_port=server.port), lambda: True)
+
+
+async def test_a_stream_cut_before_its_finish_is_internal(served):
+    app, _, channel, _ = served
+    app.cut = True
+    call = channel.unary_stream("/inferflux.v1.Inference/Chat")(b"", timeout=5)
+    assert pb.ChatResponse.FromString(await call.read()).delta == "Hel"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INTERNAL

@@ -113,7 +113,7 @@ async def start_grpc_server(
     # silently share the calls
     options = [("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers((AsgiBridge(app, tls=credentials is not None).handler(),))
+    server.add_generic_rpc_handlers((AsgiBridge(app).handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
