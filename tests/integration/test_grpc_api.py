@@ -3,9 +3,10 @@
 
 Streams (Chat, Generate), Embed, ListModels, the standard health service and reflection;
 bad input as gRPC statuses with InferFlux's error code in the trailers; a cancelled call
-frees the engine as a closed SSE connection does; and every control of the HTTP API, as
-a table (`METHODS` × the controls of tests/integration/security/test_frontend_controls.py:
-authentication, scope, guardrails, token limits, priority cap, the tenant's cache).
+frees the engine as a closed SSE connection does; credentials in metadata, the audit
+log, the body-size limit, TLS. Every other control (guardrails, token limits, priority
+caps, the tenant's cache) is tested on every gRPC method by the frontends' table,
+tests/integration/security/test_frontend_controls.py.
 """
 
 from __future__ import annotations
@@ -262,126 +263,33 @@ def test_a_cancelled_stream_frees_the_engine(server: GrpcServer):
     assert call.code() == grpc.StatusCode.CANCELLED
 
 
-# --- every control, from one table ------------------------------------------------------
+# --- credentials (the other controls: tests/integration/security/test_frontend_controls.py)
 
 
-@dataclass(frozen=True)
-class Method:
-    """One RPC: how to call it with `text` (its whole answer read), and whether it
-    generates (priority caps and the prefix cache apply only then)."""
+def test_credentials_in_metadata(server: GrpcServer):
+    chat = server.stub.Chat
+    request = _chat("Hi", max_tokens=1)
 
-    name: str
-    call: Callable[[pb_grpc.InferenceStub, str, tuple[tuple[str, str], ...]], object]
-    generates: bool = True
+    def call(*metadata: tuple[str, str]) -> object:
+        return list(chat(request, metadata=metadata, timeout=TIMEOUT_S))
 
-
-def _call_chat(stub: pb_grpc.InferenceStub, text: str, metadata: tuple) -> object:
-    request = _chat(text, max_tokens=2, priority=pb.PRIORITY_HIGH)
-    return list(stub.Chat(request, metadata=metadata, timeout=TIMEOUT_S))
-
-
-def _call_generate(stub: pb_grpc.InferenceStub, text: str, metadata: tuple) -> object:
-    sampling = pb.Sampling(max_tokens=2, priority=pb.PRIORITY_HIGH)
-    request = pb.GenerateRequest(prompt=text, sampling=sampling)
-    return list(stub.Generate(request, metadata=metadata, timeout=TIMEOUT_S))
-
-
-def _call_embed(stub: pb_grpc.InferenceStub, text: str, metadata: tuple) -> object:
-    return stub.Embed(pb.EmbedRequest(inputs=[text]), metadata=metadata, timeout=TIMEOUT_S)
-
-
-METHODS = [
-    Method("Chat", _call_chat),
-    Method("Generate", _call_generate),
-    Method("Embed", _call_embed, generates=False),
-]
-GENERATING = [m for m in METHODS if m.generates]
-
-
-def _key(admin: httpx.Client, tenant: str, **fields: object) -> str:
-    if tenant != "default" and admin.get(f"/v1/admin/tenants/{tenant}").status_code == 404:
-        assert admin.post("/v1/admin/tenants", json={"name": tenant}).status_code == 201
-    created = admin.post("/v1/admin/api_keys", json={"roles": ["user"], "tenant": tenant, **fields})
-    assert created.status_code == 201, created.text
-    return str(created.json()["key"])
-
-
-@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
-def test_authentication_and_scope(server: GrpcServer, method: Method):
-    refused = _error(lambda: method.call(server.stub, WORDS, ()))
-    bad_key = _error(lambda: method.call(server.stub, WORDS, _auth("sk-nobody-0123456789")))
-    denied = _error(lambda: method.call(server.stub, WORDS, _auth(KEYS["read"])))
-    assert refused.code() == bad_key.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert denied.code() == grpc.StatusCode.PERMISSION_DENIED, denied.details()
-    assert method.call(server.stub, WORDS, (("x-api-key", KEYS["generate"]),))
-
-
-def test_list_models_needs_a_key(server: GrpcServer):
-    error = _error(lambda: server.stub.ListModels(pb.ListModelsRequest(), timeout=TIMEOUT_S))
+    assert call(("x-api-key", KEYS["generate"]))
+    for metadata in ((), ("authorization", "Bearer sk-nobody-0123456789")):
+        error = _error(lambda m=metadata: call(*([m] if m else [])))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    denied = _error(lambda: call(*_auth(KEYS["read"])))
+    assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "lacks the 'generate' scope" in denied.details()
+    models = server.stub.ListModels
+    error = _error(lambda: models(pb.ListModelsRequest(), timeout=TIMEOUT_S))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
-
-
-@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
-def test_input_guardrails(server: GrpcServer, method: Method):
-    with server.admin() as admin:
-        before = admin.get("/v1/admin/guardrails").json()
-        blocked = {**before, "blocklist": [*before["blocklist"], "forbiddenword"]}
-        assert admin.put("/v1/admin/guardrails", json=blocked).status_code == 200
-        try:
-            auth = _auth(KEYS["generate"])
-            error = _error(lambda: method.call(server.stub, "a forbiddenword", auth))
-        finally:
-            assert admin.put("/v1/admin/guardrails", json=before).status_code == 200
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _trailer(error, "inferflux-error-code") in ("content_filter", "invalid_request")
-
-
-@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
-def test_token_rate_limits(server: GrpcServer, method: Method):
-    with server.admin() as admin:
-        auth = _auth(_key(admin, "default", limits={"tokens_per_minute": 80}))
-    method.call(server.stub, WORDS, auth)
-    for _ in range(8):
-        try:
-            method.call(server.stub, WORDS, auth)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-            assert _trailer(error, "inferflux-error-code") == "rate_limit_exceeded"
-            assert int(_trailer(error, "retry-after") or 0) >= 1
-            return
-    pytest.fail("the token limit never applied")
-
-
-@pytest.mark.parametrize("method", GENERATING, ids=[m.name for m in GENERATING])
-def test_priority_cap(server: GrpcServer, method: Method):
-    tenant = f"grpc-cap-{method.name.lower()}"
-    with server.admin() as admin:
-        key = _key(admin, tenant, priority_cap="low")
-        method.call(server.stub, WORDS, _auth(key))
-        recent = admin.get("/debug/requests", params={"tenant": tenant}).json()["recent"]
-    assert [r["priority"] for r in recent] == ["low"]
-
-
-@pytest.mark.parametrize("method", GENERATING, ids=[m.name for m in GENERATING])
-def test_tenants_never_share_cached_prefixes(server: GrpcServer, method: Method):
-    text = f"grpc {method.name}: " + WORDS * 6
-    cached: dict[str, list[int]] = {}
-    with server.admin() as admin:
-        for side, repeats in (("a", 2), ("b", 1)):
-            tenant = f"grpc-cache-{side}-{method.name.lower()}"
-            auth = _auth(_key(admin, tenant))
-            for _ in range(repeats):
-                method.call(server.stub, text, auth)
-            recent = admin.get("/debug/requests", params={"tenant": tenant}).json()["recent"]
-            cached[side] = [r["num_cached_tokens"] for r in recent]
-    assert cached["a"][0] > 0  # the second request of tenant a (newest first)
-    assert cached["b"] == [0]
 
 
 def test_the_audit_log_records_each_call(server: GrpcServer):
     metadata = (*_auth(KEYS["generate"]), ("x-request-id", "grpc-audit-1"))
     list(server.stub.Chat(_chat("Hi", max_tokens=2), metadata=metadata, timeout=TIMEOUT_S))
-    _error(lambda: _call_chat(server.stub, "Hi", (("x-request-id", "grpc-audit-2"),)))
+    anonymous = (("x-request-id", "grpc-audit-2"),)
+    _error(lambda: list(server.stub.Chat(_chat("Hi"), metadata=anonymous, timeout=TIMEOUT_S)))
     lines = server.audit_path.read_text(encoding="utf-8").splitlines()
     events = {e.get("request_id"): e for e in map(json.loads, lines)}
     done, refused = events["grpc-audit-1"], events["grpc-audit-2"]
