@@ -37,7 +37,6 @@ KEYS = {
     "read": "sk-grpc-read-0123456789",
     "generate": "sk-grpc-generate-0123456789",
 }
-WORDS = "Tell me about the sea and the ships that sail on it every single day."
 TIMEOUT_S = 60
 
 
