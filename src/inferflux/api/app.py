@@ -237,7 +237,8 @@ async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
         return None
 
     def is_ready() -> bool:
-        return state.models.default_serving().engine.ready
+        draining = state.draining is not None and state.draining()
+        return state.models.default_serving().engine.ready and not draining
 
     return await start_grpc_server(app, state.settings.server, is_ready)
 

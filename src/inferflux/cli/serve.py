@@ -171,6 +171,7 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
     # the app calls this when no engine worker can start: a clean stop, then exit 1
     state = app_state(asgi_app)
     state.request_shutdown = lambda: setattr(server, "should_exit", True)
+    state.draining = lambda: bool(server.should_exit)
     server.run(sockets=_listen_sockets(config, settings.server.ollama_port))
     start_error = state.engine_start_error
     if start_error:
