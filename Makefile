@@ -7,10 +7,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SMOLLM2_VERSION := 0.1.2
 GEMMA3_VERSION  := 1.0.0
+PROTO   := proto/inferflux/v1/inference.proto
+GEN     := src/inferflux/api/grpc/gen
+GEN_PB2 := $(GEN)/inference_pb2.py
 
-.PHONY: setup run test check format bench compare clean
+.PHONY: setup proto run test check format bench compare clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(GEN_PB2)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +24,20 @@ $(STAMP): pyproject.toml Makefile
 	sh scripts/install_prometheus.sh
 	sh scripts/install_redis.sh
 	touch $@
+
+# The gRPC API's Python code, generated from proto/ (gitignored, never edited by hand).
+# protoc mirrors the proto's path (inferflux/v1/), so it writes under build/proto first;
+# the stubs' absolute import of their messages becomes a relative one.
+proto: $(GEN_PB2)
+
+$(GEN_PB2): $(PROTO) $(STAMP)
+	rm -rf build/proto $(GEN) && mkdir -p build/proto $(GEN)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=build/proto \
+		--pyi_out=build/proto --grpc_python_out=build/proto $(PROTO)
+	cp build/proto/inferflux/v1/inference_pb2.py build/proto/inferflux/v1/inference_pb2.pyi \
+		build/proto/inferflux/v1/inference_pb2_grpc.py $(GEN)/
+	sed -i 's/^from inferflux\.v1 import/from . import/' $(GEN)/inference_pb2_grpc.py
+	printf '"""Generated from $(PROTO) by `make proto`."""\n' > $(GEN)/__init__.py
 
 run: setup
 	$(BIN)/inferflux serve $(ARGS)
@@ -48,4 +65,4 @@ compare: setup
 	$(BIN)/python bench/compare_servers.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build/proto $(GEN)

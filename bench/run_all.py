@@ -3,7 +3,8 @@
 Runs compare_servers.py (InferFlux vs llama-server vs llama-cpp-python, both test models),
 server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache on vs
 off), priority_load.py (mixed priority and overload), responses_ws.py (the Responses API's
-tool-call loop over HTTP and WebSocket) and constrained.py (JSON-schema
+tool-call loop over HTTP and WebSocket), grpc_overhead.py (gRPC vs SSE per token, c=1 and
+16) and constrained.py (JSON-schema
 constrained vs free decoding, both test models). Each starts its own servers. Run on a
 quiet machine; append the figures to BENCHMARKS.md by hand with the machine description.
 """
@@ -23,6 +24,7 @@ RUNS = [
     ["agent_trace.py", "--json", str(RESULTS / "agent_trace_smollm2.json")],
     ["priority_load.py", "--json", str(RESULTS / "priority_load_smollm2.json")],
     ["responses_ws.py", "--json", str(RESULTS / "responses_ws.json")],
+    ["grpc_overhead.py", "--json", str(RESULTS / "grpc_overhead.json")],
     [
         "constrained.py",
         "--json",

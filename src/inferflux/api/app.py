@@ -10,7 +10,9 @@ probes (and /metrics when public) have none, and a test fails any route that lac
 The API sees each model's engine as `GuardedEngine(ObservedEngine(engine))`: security
 policy (tenant cache namespace, token limits, guardrails, the request's record) outside,
 observation inside (a request refused by policy never reaches the metrics of
-generations). The models themselves (the default one, the catalog's others, hot swap)
+generations). With `server.grpc_port` set, the lifespan also runs the gRPC frontend
+(`api/grpc`), a bridge that sends each call through this same app. The models
+themselves (the default one, the catalog's others, hot swap)
 belong to the `ModelHub`; everything the app holds is one typed `AppState`
 (`api/state.py`).
 """
@@ -34,6 +36,9 @@ from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
+from inferflux.api.grpc import GrpcServer, start_grpc_server
+from inferflux.api.grpc import models_router as grpc_models
+from inferflux.api.grpc import router as grpc_inference
 from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.middleware import (
     BodySizeLimitMiddleware,
@@ -105,6 +110,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (anthropic_messages.router, Scope.GENERATE),
     (responses_routes.router, Scope.GENERATE),
     (responses_socket.router, Scope.GENERATE),
+    (grpc_inference, Scope.GENERATE),
+    (grpc_models, Scope.READ),
 )
 
 
@@ -209,15 +216,31 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.engine_start_error = None
     logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
     starting = asyncio.create_task(_start_engine(state), name="engine-start")
+    grpc_server = await _start_grpc(app, state)
     try:
         yield
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop()
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting
         await state.models.shutdown()
         await state.security_layer.aclose()
         state.telemetry.shutdown()
+
+
+async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
+    """The gRPC frontend on `server.grpc_port` (None when unset): a bridge into `app`, so
+    its calls pass every middleware."""
+    if state.settings.server.grpc_port is None:
+        return None
+
+    def is_ready() -> bool:
+        draining = state.draining is not None and state.draining()
+        return state.models.default_serving().engine.ready and not draining
+
+    return await start_grpc_server(app, state.settings.server, is_ready)
 
 
 async def _start_engine(state: AppState) -> None:

@@ -30,7 +30,9 @@ _ATTRIBUTE = "inferflux"
 @dataclass(slots=True)
 class AppState:
     """One app's parts. `engine_start_error` is set when no worker of the default model
-    could start; `request_shutdown`, when set (by `inferflux serve`), stops the server."""
+    could start; `request_shutdown`, when set (by `inferflux serve`), stops the server;
+    `draining`, when set (by `inferflux serve`), says whether the server is stopping (the
+    gRPC health service then says NOT_SERVING)."""
 
     settings: Settings
     telemetry: Telemetry
@@ -41,6 +43,7 @@ class AppState:
     responses: ResponseStore  # the Responses API's stored responses
     engine_start_error: str | None = None
     request_shutdown: Callable[[], None] | None = None
+    draining: Callable[[], bool] | None = None
 
 
 def app_state(app: FastAPI | ASGIApp) -> AppState:

@@ -39,7 +39,7 @@ from inferflux.observability.tracing import (
 )
 from inferflux.security.context import context_of
 
-_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
+_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson", b"application/grpc")
 
 
 def tokenize_span(tracer: trace.Tracer | None, num_chars: int) -> AbstractContextManager[object]:

@@ -83,12 +83,19 @@ def serve(
             help="Also serve on this port, e.g. 11434 for Ollama clients (server.ollama_port)."
         ),
     ] = None,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve the gRPC API (inferflux.v1) on this port (server.grpc_port)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a GGUF model over the OpenAI API. Flags override env vars and the config file."""
     overrides = {
         "server.host": host,
         "server.port": port,
         "server.ollama_port": ollama_port,
+        "server.grpc_port": grpc_port,
         "model.path": model,
         "model.id": model_id,
         "registry.path": registry,
@@ -164,6 +171,7 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
     # the app calls this when no engine worker can start: a clean stop, then exit 1
     state = app_state(asgi_app)
     state.request_shutdown = lambda: setattr(server, "should_exit", True)
+    state.draining = lambda: bool(server.should_exit)
     server.run(sockets=_listen_sockets(config, settings.server.ollama_port))
     start_error = state.engine_start_error
     if start_error:
@@ -250,6 +258,8 @@ def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
     if settings.server.ollama_port is not None:
         ollama = f"http://{shown}:{settings.server.ollama_port}"
         banner += f"\nOllama clients: OLLAMA_HOST={ollama} (the same API on a second port)"
+    if settings.server.grpc_port is not None:
+        banner += f"\ngRPC (inferflux.v1.Inference): {shown}:{settings.server.grpc_port}"
     return banner
 
 

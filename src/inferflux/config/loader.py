@@ -32,6 +32,7 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_HOST": "server.host",
     "INFERFLUX_PORT": "server.port",
     "INFERFLUX_OLLAMA_PORT": "server.ollama_port",
+    "INFERFLUX_GRPC_PORT": "server.grpc_port",
     "INFERFLUX_WORKERS": "runtime.workers",
     "INFERFLUX_LOG_LEVEL": "observability.log_level",
     "INFERFLUX_LOG_FORMAT": "observability.log_format",

@@ -45,6 +45,13 @@ class ServerSettings(_Section):
         description="A second TCP port serving the same API on server.host, for Ollama "
         "clients that assume Ollama's port (11434). Unset: only server.port.",
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="TCP port of the gRPC API (inferflux.v1, with health and reflection) on "
+        "server.host, TLS when server.tls is on. Unset: no gRPC.",
+    )
     tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
     cors_origins: list[str] = Field(
         default_factory=list,
@@ -63,6 +70,11 @@ class ServerSettings(_Section):
             raise ValueError(
                 f"ollama_port ({self.ollama_port}) equals port: pick another port for "
                 "ollama_port or leave it unset (every port serves the Ollama API)"
+            )
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.ollama_port):
+            raise ValueError(
+                f"grpc_port ({self.grpc_port}) equals port or ollama_port: gRPC needs a port "
+                "of its own"
             )
         return self
 

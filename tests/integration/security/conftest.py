@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from inferflux.config.loader import load_settings
 from tests.integration.inprocess_app import running_app
 from tests.integration.security.jwks_server import AUDIENCE, ISSUER, JwksServer, SigningKey
+from tests.integration.server_process import free_port
 
 PASSPHRASE = "a test passphrase, long enough"
 KEYS = {
@@ -61,6 +62,7 @@ def config(jwks_server: JwksServer) -> dict:
 
     return {
         "runtime": {"in_process": True},
+        "server": {"grpc_port": free_port()},  # the gRPC frontend, for the controls table
         "auth": {
             "api_keys": [
                 key(KEYS["admin"], id="admin", roles=["admin"], tenant="ops"),

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.model
 
 PUBLIC = {"/healthz", "/livez", "/readyz", "/metrics"}
 CHAT = [{"role": "user", "content": "Hi"}]
+GRPC = "/grpc/inferflux.v1.Inference"
 
 
 def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | None, Scope | None]]:
@@ -105,6 +106,12 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
         ("POST", "/v1/admin/models"): ("/v1/admin/models", {}, admin),
         ("GET", "/v1/admin/adapters"): ("/v1/admin/adapters", None, Scope.ADAPTER_MANAGER),
         ("POST", "/v1/admin/adapters"): ("/v1/admin/adapters", {}, Scope.ADAPTER_MANAGER),
+        # the gRPC bridge's routes: 404 over HTTP once past authorization
+        **{
+            ("POST", f"{GRPC}/{method}"): (f"{GRPC}/{method}", None, gen)
+            for method in ("Generate", "Chat", "Embed")
+        },
+        ("POST", f"{GRPC}/ListModels"): (f"{GRPC}/ListModels", None, read),
     }
     return table
 

@@ -5,7 +5,9 @@ Controls: authentication (401), the route's scope (403), input guardrails (400
 `content_filter`, nothing generated), token rate limits (429 once a key's tokens are
 spent), `priority_cap` (the request runs at the cap: /debug), the tenant's prefix-cache
 namespace (no cached tokens across tenants). Each answer is checked in the frontend's own
-error shape. Runs on the real app over the real engine with authentication on.
+error shape (gRPC: its status, read back as the HTTP status it stands for, and the
+`inferflux-error-code` trailer). Runs on the real app over the real engine with
+authentication on (its lifespan serves gRPC on `server.grpc_port`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import grpc
 import httpx
 import pytest
 from starlette.types import ASGIApp, Message
 
+from inferflux.api.grpc.gen import inference_pb2 as pb
+from inferflux.api.grpc.gen import inference_pb2_grpc as pb_grpc
+from inferflux.api.state import app_state
 from tests.integration.security.conftest import KEYS, SecuredApp
 
 pytestmark = pytest.mark.model
@@ -34,6 +40,7 @@ class Frontend:
     error: Callable[[dict], str]  # an error body → its code or type, in this shape
     generates: bool = True
     websocket: bool = False  # the body goes as a `response.create` message on a WebSocket
+    grpc: bool = False  # `path` names an inferflux.v1 method; the body is its request message
 
 
 def _openai(body: dict) -> str:
@@ -50,8 +57,15 @@ def _anthropic(body: dict) -> str:
     return str(body["error"]["type"])
 
 
+def _grpc(body: dict) -> str:
+    return str(body["error"]["code"])  # the `inferflux-error-code` trailer
+
+
 def _chat(model: str, text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
+
+
+_GRPC_SAMPLING = pb.Sampling(max_tokens=2, priority=pb.PRIORITY_HIGH)
 
 
 FRONTENDS = [
@@ -122,9 +136,33 @@ FRONTENDS = [
         _openai,
         websocket=True,
     ),
+    Frontend(
+        "grpc chat",
+        "Chat",
+        lambda m, t: pb.ChatRequest(
+            model=m, messages=[pb.ChatMessage(role="user", content=t)], sampling=_GRPC_SAMPLING
+        ),
+        _grpc,
+        grpc=True,
+    ),
+    Frontend(
+        "grpc generate",
+        "Generate",
+        lambda m, t: pb.GenerateRequest(model=m, prompt=t, sampling=_GRPC_SAMPLING),
+        _grpc,
+        grpc=True,
+    ),
     Frontend("openai embeddings", "/v1/embeddings", lambda m, t: {"input": t}, _openai, False),
     Frontend("native embeddings", "/embeddings", lambda m, t: {"input": t}, _openai, False),
     Frontend("ollama embed", "/api/embed", lambda m, t: {"model": m, "input": t}, _ollama, False),
+    Frontend(
+        "grpc embed",
+        "Embed",
+        lambda m, t: pb.EmbedRequest(model=m, inputs=[t]),
+        _grpc,
+        False,
+        grpc=True,
+    ),
 ]
 GENERATING = [f for f in FRONTENDS if f.generates]
 IDS = [f.name for f in FRONTENDS]
@@ -151,6 +189,8 @@ async def _post(
 ) -> httpx.Response | Answer:
     if frontend.websocket:
         return await _over_websocket(secured.app, key, frontend.path, body)
+    if frontend.grpc:
+        return await _over_grpc(secured.app, key, frontend.path, body)
     async with secured.client(key) as client:
         return await client.post(frontend.path, json=body)
 
@@ -200,6 +240,36 @@ async def _over_websocket(app: ASGIApp, key: str | None, path: str, body: dict) 
     finally:
         inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
         await asyncio.wait_for(task, 30)
+
+
+# the HTTP status each gRPC status stands for (api/grpc/bridge.py maps the other way)
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+}
+
+
+async def _over_grpc(app: ASGIApp, key: str | None, method: str, message) -> Answer:
+    """One call with the generated client on the app's gRPC port, read to its end."""
+    port = app_state(app).settings.server.grpc_port
+    metadata = () if key is None else (("authorization", f"Bearer {key}"),)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        rpc = getattr(pb_grpc.InferenceStub(channel), method)
+        try:
+            if method == "Embed":
+                await rpc(message, metadata=metadata, timeout=60)
+            else:
+                async for _ in rpc(message, metadata=metadata, timeout=60):
+                    pass
+        except grpc.aio.AioRpcError as error:
+            trailers = dict(error.trailing_metadata() or ())
+            code = trailers.get("inferflux-error-code")
+            body = {"error": {"code": code, "message": error.details()}}
+            return Answer(_HTTP_STATUS.get(error.code(), 500), body)
+    return Answer(200)
 
 
 @pytest.fixture

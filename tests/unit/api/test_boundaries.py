@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 API = Path(__file__).resolve().parents[3] / "src" / "inferflux" / "api"
-DIALECTS = ("openai", "ollama", "native", "anthropic", "admin", "tools")
+DIALECTS = ("openai", "ollama", "native", "anthropic", "grpc", "admin", "tools")
 ENGINE_CALLS = {"generate", "embed", "abort"}
 
 

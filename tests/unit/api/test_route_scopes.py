@@ -36,6 +36,8 @@ EXPECTED_PREFIXES = (
     ("/api/tags", Scope.READ),
     ("/api/show", Scope.READ),
     ("/server/stats", Scope.READ),
+    ("/grpc/inferflux.v1.Inference/ListModels", Scope.READ),
+    ("/grpc/inferflux.v1.Inference/", Scope.GENERATE),
 )
 
 

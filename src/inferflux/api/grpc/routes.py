@@ -1,0 +1,240 @@
+"""The internal routes the gRPC bridge calls: `POST /grpc/inferflux.v1.Inference/<Method>`.
+
+Owns the four methods' routes and their specs. Each route reads its request message
+from the body (`protocol.py`), leases the model it names, and answers with frames
+(`render.py`): Generate and Chat run through the generation service like every dialect
+(a `GenerationSpec`, `respond(..., stream=True)`), Embed and ListModels reuse the
+embedding path and the model listing. They sit behind the whole middleware stack like
+every route (authentication, the router's scope, rate limits, audit, the body-size limit),
+and answer 404 to anything but the bridge (`GRPC_SCOPE_KEY` in the ASGI scope's
+extensions), so they are no second HTTP API.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Protocol, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from inferflux.api.generation import (
+    CLIENT_CLOSED_REQUEST,
+    ChatPrompt,
+    Generation,
+    GenerationSpec,
+    TextPrompt,
+    answer_model,
+    embed_or_disconnect,
+    respond,
+)
+from inferflux.api.generation.embedding import token_lists_of
+from inferflux.api.grpc.gen import inference_pb2 as pb
+from inferflux.api.grpc.protocol import (
+    ChatBody,
+    EmbedBody,
+    GenerateBody,
+    chat_body,
+    decode,
+    embed_body,
+    generate_body,
+)
+from inferflux.api.grpc.render import GRPC_MEDIA_TYPE, StreamRenderer, message_frame
+from inferflux.api.model_cards import may_see
+from inferflux.api.state import ContextDep, GenerationDep, ModelsDep, app_state
+from inferflux.errors import ModelNotFound
+from inferflux.models.serving import ServingState
+from inferflux.security.context import context_of
+from inferflux.security.rbac import authorize_model
+
+SERVICE = "inferflux.v1.Inference"
+PATH_PREFIX = f"/grpc/{SERVICE}"
+GRPC_SCOPE_KEY = "inferflux.grpc"  # scope["extensions"][GRPC_SCOPE_KEY]: the bridge's call
+
+BodyT = TypeVar("BodyT")
+
+
+async def bridged_only(request: Request) -> None:
+    """404, as for a route that does not exist, unless the gRPC bridge made the call."""
+    if GRPC_SCOPE_KEY not in (request.scope.get("extensions") or {}):
+        raise HTTPException(404)
+
+
+router = APIRouter(
+    prefix=PATH_PREFIX, include_in_schema=False, dependencies=[Depends(bridged_only)]
+)
+# ListModels needs the `read` scope only: a router of its own (api/app.py `_ROUTERS`)
+models_router = APIRouter(
+    prefix=PATH_PREFIX, include_in_schema=False, dependencies=[Depends(bridged_only)]
+)
+
+
+@functools.cache
+def grpc_body(read: Callable[[bytes], BodyT]) -> Callable[[Request], Awaitable[BodyT]]:
+    """The dependency that reads the body with `read` (one instance per reader, so the
+    route and its lease share one parse)."""
+
+    async def body(request: Request) -> BodyT:
+        return read(await request.body())
+
+    return body
+
+
+def _generate(raw: bytes) -> GenerateBody:
+    return generate_body(decode(pb.GenerateRequest, raw))
+
+
+def _chat(raw: bytes) -> ChatBody:
+    return chat_body(decode(pb.ChatRequest, raw))
+
+
+def _embed(raw: bytes) -> EmbedBody:
+    return embed_body(decode(pb.EmbedRequest, raw))
+
+
+class _NamesModel(Protocol):
+    @property
+    def model(self) -> str | None: ...
+
+
+def serving_for(
+    read: Callable[[bytes], _NamesModel],
+) -> Callable[..., AsyncIterator[ServingState]]:
+    """The dependency that leases the model the request names (empty: the default) until
+    the call's last frame is sent, once the caller's `allowed_models` permit it."""
+    body_dependency = grpc_body(read)
+
+    async def lease_model(
+        request: Request,
+        body: _NamesModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
+    ) -> AsyncIterator[ServingState]:
+        models = app_state(request.app).models
+        try:
+            names = models.access_names(body.model)
+            authorize_model(context_of(request.scope).caller, *names)
+            async with models.lease(body.model) as serving:
+                yield serving
+        except ModelNotFound as exc:
+            raise ModelNotFound(
+                f"the model '{body.model}' does not exist on this server (ListModels lists "
+                "the models)",
+                param=exc.param or "model",
+            ) from None
+
+    return lease_model
+
+
+GenerateServing = Annotated[ServingState, Depends(serving_for(_generate))]
+GenerateRequestBody = Annotated[GenerateBody, Depends(grpc_body(_generate))]
+ChatServing = Annotated[ServingState, Depends(serving_for(_chat))]
+ChatRequestBody = Annotated[ChatBody, Depends(grpc_body(_chat))]
+EmbedServing = Annotated[ServingState, Depends(serving_for(_embed))]
+EmbedRequestBody = Annotated[EmbedBody, Depends(grpc_body(_embed))]
+
+
+def generate_spec(body: GenerateBody) -> GenerationSpec:
+    sampling = body.sampling
+    return GenerationSpec(
+        id_prefix="gen",
+        prompts=[TextPrompt(body.prompt, add_special=True)],
+        sampling=sampling.sampling_params,
+        prompt_param="prompt",
+        max_tokens=sampling.max_tokens,
+        priority=sampling.priority,
+        output=sampling.output_spec(),
+    )
+
+
+def chat_spec(body: ChatBody) -> GenerationSpec:
+    sampling = body.sampling
+    messages: list[dict[str, object]] = [m.model_dump() for m in body.messages]
+    return GenerationSpec(
+        id_prefix="chat",
+        prompts=[ChatPrompt(messages)],
+        sampling=sampling.sampling_params,
+        prompt_param="messages",
+        max_tokens=sampling.max_tokens,
+        priority=sampling.priority,
+        output=sampling.output_spec(),
+    )
+
+
+@router.post("/Generate")
+async def generate(
+    request: Request,
+    body: GenerateRequestBody,
+    serving: GenerateServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
+    """Continue a prompt; streams `GenerateResponse` messages."""
+    model = answer_model(body.model, serving.model_info, context.caller)
+    spec = generate_spec(body)
+
+    def renderer_for(started: Generation) -> StreamRenderer:
+        return StreamRenderer(started, model, pb.GenerateResponse)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=True)
+
+
+@router.post("/Chat")
+async def chat(
+    request: Request,
+    body: ChatRequestBody,
+    serving: ChatServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
+    """Answer a conversation; streams `ChatResponse` messages."""
+    model = answer_model(body.model, serving.model_info, context.caller)
+    spec = chat_spec(body)
+
+    def renderer_for(started: Generation) -> StreamRenderer:
+        return StreamRenderer(started, model, pb.ChatResponse)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=True)
+
+
+@router.post("/Embed")
+async def embed(
+    request: Request,
+    body: EmbedRequestBody,
+    serving: EmbedServing,
+    context: ContextDep,
+    generation: GenerationDep,
+) -> Response:
+    """One vector per input, as /v1/embeddings computes them."""
+    info = serving.model_info
+    model = answer_model(body.model, info, context.caller)
+    token_lists = await token_lists_of(body.inputs, serving.tokenizer, info.n_vocab, info.n_ctx)
+    result = await embed_or_disconnect(request, generation, serving, token_lists, context)
+    if result is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    embeddings = [pb.Embedding(values=vector) for vector in result.vectors]
+    answer = pb.EmbedResponse(
+        model=model, embeddings=embeddings, prompt_tokens=result.num_prompt_tokens
+    )
+    return Response(message_frame(answer), media_type=GRPC_MEDIA_TYPE)
+
+
+@models_router.post("/ListModels")
+async def list_models(request: Request, models: ModelsDep, context: ContextDep) -> Response:
+    """Every registered model the caller may use (`allowed_models`), the default first."""
+    decode(pb.ListModelsRequest, await request.body())
+    views = [v for v in models.models() if v.listed() and may_see(v, context.caller)]
+    answer = pb.ListModelsResponse(
+        models=[
+            pb.Model(
+                id=view.model_id,
+                aliases=list(view.aliases),
+                loaded=view.info is not None,
+                is_default=view.is_default,
+            )
+            for view in views
+        ]
+    )
+    return Response(message_frame(answer), media_type=GRPC_MEDIA_TYPE)
