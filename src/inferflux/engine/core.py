@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
@@ -57,36 +58,23 @@ class _SequenceState:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # filled while prefilling
 
 
+# SamplerSpec fields copied from SamplingParams as they are (the others are converted)
+_COPIED = tuple(
+    f.name
+    for f in fields(SamplerSpec)
+    if f.name not in ("seed", "logit_bias", "dry_sequence_breakers", "samplers")
+)
+
+
 def sampler_spec(params: SamplingParams) -> SamplerSpec:
     """The backend's sampler description; a missing seed becomes a fresh random one."""
+    copied: dict[str, Any] = {name: getattr(params, name) for name in _COPIED}  # Any: mixed
     return SamplerSpec(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
         seed=params.seed if params.seed is not None else secrets.randbits(32),
-        repeat_penalty=params.repeat_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        penalty_last_n=params.penalty_last_n,
         logit_bias=tuple(sorted(params.logit_bias.items())),
-        ignore_eos=params.ignore_eos,
-        constraint=params.constraint,
-        typical_p=params.typical_p,
-        top_n_sigma=params.top_n_sigma,
-        mirostat=params.mirostat,
-        mirostat_tau=params.mirostat_tau,
-        mirostat_eta=params.mirostat_eta,
-        dynatemp_range=params.dynatemp_range,
-        dynatemp_exponent=params.dynatemp_exponent,
-        dry_multiplier=params.dry_multiplier,
-        dry_base=params.dry_base,
-        dry_allowed_length=params.dry_allowed_length,
-        dry_penalty_last_n=params.dry_penalty_last_n,
         dry_sequence_breakers=tuple(params.dry_sequence_breakers),
-        xtc_probability=params.xtc_probability,
-        xtc_threshold=params.xtc_threshold,
         samplers=tuple(params.samplers) if params.samplers is not None else None,
+        **copied,
     )
 
 

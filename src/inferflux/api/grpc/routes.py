@@ -24,6 +24,7 @@ from inferflux.api.generation import (
     CLIENT_CLOSED_REQUEST,
     ChatPrompt,
     Generation,
+    GenerationService,
     GenerationSpec,
     TextPrompt,
     answer_model,
@@ -46,7 +47,7 @@ from inferflux.api.model_cards import may_see
 from inferflux.api.state import ContextDep, GenerationDep, ModelsDep, app_state
 from inferflux.errors import ModelNotFound
 from inferflux.models.serving import ServingState
-from inferflux.security.context import context_of
+from inferflux.security.context import RequestContext, context_of
 from inferflux.security.rbac import authorize_model
 
 SERVICE = "inferflux.v1.Inference"
@@ -161,6 +162,24 @@ def chat_spec(body: ChatBody) -> GenerationSpec:
     )
 
 
+async def _streamed(
+    request: Request,
+    serving: ServingState,
+    context: RequestContext,
+    generation: GenerationService,
+    model: str,
+    spec: GenerationSpec,
+    message: type[pb.GenerateResponse] | type[pb.ChatResponse],
+) -> Response:
+    """Run `spec` and stream its `message`s (Generate and Chat differ in nothing else)."""
+
+    def renderer_for(started: Generation) -> StreamRenderer:
+        return StreamRenderer(started, model, message)
+
+    start = generation.start(serving, spec, context)
+    return await respond(request, start, renderer_for, stream=True)
+
+
 @router.post("/Generate")
 async def generate(
     request: Request,
@@ -172,12 +191,7 @@ async def generate(
     """Continue a prompt; streams `GenerateResponse` messages."""
     model = answer_model(body.model, serving.model_info, context.caller)
     spec = generate_spec(body)
-
-    def renderer_for(started: Generation) -> StreamRenderer:
-        return StreamRenderer(started, model, pb.GenerateResponse)
-
-    start = generation.start(serving, spec, context)
-    return await respond(request, start, renderer_for, stream=True)
+    return await _streamed(request, serving, context, generation, model, spec, pb.GenerateResponse)
 
 
 @router.post("/Chat")
@@ -190,13 +204,9 @@ async def chat(
 ) -> Response:
     """Answer a conversation; streams `ChatResponse` messages."""
     model = answer_model(body.model, serving.model_info, context.caller)
-    spec = chat_spec(body)
-
-    def renderer_for(started: Generation) -> StreamRenderer:
-        return StreamRenderer(started, model, pb.ChatResponse)
-
-    start = generation.start(serving, spec, context)
-    return await respond(request, start, renderer_for, stream=True)
+    return await _streamed(
+        request, serving, context, generation, model, chat_spec(body), pb.ChatResponse
+    )
 
 
 @router.post("/Embed")
