@@ -25,6 +25,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 from opentelemetry.sdk.trace import TracerProvider
@@ -36,9 +37,6 @@ from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
-from inferflux.api.grpc import GrpcServer, start_grpc_server
-from inferflux.api.grpc import models_router as grpc_models
-from inferflux.api.grpc import router as grpc_inference
 from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.middleware import (
     BodySizeLimitMiddleware,
@@ -72,7 +70,7 @@ from inferflux.api.telemetry import Telemetry, TelemetryMiddleware, make_telemet
 from inferflux.config.settings import Settings
 from inferflux.engine.client import make_engine_client
 from inferflux.engine.protocol import EngineClient, ModelInfo, Tokenizer
-from inferflux.errors import InferfluxError
+from inferflux.errors import ConfigError, InferfluxError
 from inferflux.models.catalog import Catalog, single_model_catalog
 from inferflux.models.hub import ModelHub
 from inferflux.models.loader import EngineFactory, EngineModelLoader
@@ -83,7 +81,11 @@ from inferflux.security.policy import PolicySource
 from inferflux.security.principal import Scope
 from inferflux.security.rbac import require_scope
 
+if TYPE_CHECKING:  # NOTE: imported when used: it needs the code `make proto` generates
+    from inferflux.api.grpc import GrpcServer
+
 logger = logging.getLogger(__name__)
+_GRPC_GENERATED = "inferflux.api.grpc.gen"  # `make proto` writes it (gitignored)
 
 __all__ = ["create_app", "system_fingerprint"]
 
@@ -110,8 +112,6 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (anthropic_messages.router, Scope.GENERATE),
     (responses_routes.router, Scope.GENERATE),
     (responses_socket.router, Scope.GENERATE),
-    (grpc_inference, Scope.GENERATE),
-    (grpc_models, Scope.READ),
 )
 
 
@@ -199,8 +199,21 @@ def _engine_wrapper(telemetry: Telemetry, layer: SecurityLayer) -> EngineWrapper
     return wrap
 
 
+def _grpc_routers() -> tuple[tuple[APIRouter, Scope | None], ...]:
+    """The gRPC bridge's internal routes; none when the code `make proto` generates is
+    missing (a checkout that never ran `make setup`: the HTTP API still serves, and
+    `server.grpc_port` then fails with a ConfigError that says so)."""
+    try:
+        from inferflux.api.grpc import models_router, router
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith(_GRPC_GENERATED):
+            raise
+        return ()
+    return ((router, Scope.GENERATE), (models_router, Scope.READ))
+
+
 def _include_routers(app: FastAPI, settings: Settings) -> None:
-    for router, scope in _ROUTERS:
+    for router, scope in (*_ROUTERS, *_grpc_routers()):
         app.include_router(router, dependencies=[require_scope(scope)] if scope else None)
     public_metrics = metrics.is_public(settings)
     app.include_router(
@@ -232,9 +245,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
     """The gRPC frontend on `server.grpc_port` (None when unset): a bridge into `app`, so
-    its calls pass every middleware."""
+    its calls pass every middleware. Raises ConfigError when its generated code is
+    missing."""
     if state.settings.server.grpc_port is None:
         return None
+    try:
+        from inferflux.api.grpc import start_grpc_server
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith(_GRPC_GENERATED):
+            raise
+        raise ConfigError(
+            "server.grpc_port is set but the gRPC code is not generated: run `make proto` "
+            "(`make setup` does) in the source tree"
+        ) from None
 
     def is_ready() -> bool:
         draining = state.draining is not None and state.draining()
