@@ -6,6 +6,7 @@ shape, and a client that goes away mid-stream."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -27,8 +28,9 @@ GREEDY = {"temperature": 0}  # the current SDK has no `temperature` argument; ot
 
 
 @pytest.fixture(scope="module")
-def client(server_url: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server_url, api_key="unused", max_retries=0)
+def client(server_url: str) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server_url, api_key="unused", max_retries=0) as client:
+        yield client  # closed: an unclosed client's sockets warn when collected
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -30,8 +31,9 @@ ENDED = ("response.completed", "response.incomplete", "response.failed", "error"
 
 
 @pytest.fixture(scope="module")
-def client(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
+def client(server_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client  # closed: an unclosed client's sockets warn when collected
 
 
 @pytest.fixture(scope="module")
