@@ -9,7 +9,7 @@ request; the ops routes read the default model without one (`ModelDirectory.defa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, Request
@@ -37,18 +37,26 @@ def _str_field(body: Any, name: str) -> str | None:  # Any: a request model
 
 
 def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[ServingState]]:
-    """The dependency that leases the model a `body_model` request names (its `model`,
-    and its `adapter` when it has one) until the response is fully sent, once the caller's
-    `allowed_models` (403) permit it. The body is
-    parsed once: the route's own `json_body(body_model)` dependency is the same one.
+    """The lease of the model a JSON `body_model` request names (`lease_for`); the body is
+    parsed once: the route's own `json_body(body_model)` dependency is the same one."""
+    return lease_for(json_body(body_model))
 
-    An unknown model is a 404 `model_not_found`: Ollama's message under /api/, OpenAI's
-    with a pointer to GET /v1/models elsewhere."""
-    body_dependency = json_body(body_model)
+
+def lease_for(
+    body_dependency: Callable[..., Awaitable[Any]],  # Any: a body with `model` (`adapter`)
+    *,
+    listing: str = "GET /v1/models lists the models and their adapters",
+) -> Callable[..., AsyncIterator[ServingState]]:
+    """The dependency that leases the model the body `body_dependency` reads names (its
+    `model`, and its `adapter` when it has one) until the response is fully sent, once
+    the caller's `allowed_models` (403) permit it.
+
+    An unknown model is a 404 `model_not_found`: Ollama's message under /api/, elsewhere
+    one that says where the models are listed (`listing`)."""
 
     async def lease_model(
         request: Request,
-        body: BaseModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
+        body: Any = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
     ) -> AsyncIterator[ServingState]:
         name, adapter = _str_field(body, "model"), _str_field(body, "adapter")
         models = app_state(request.app).models
@@ -68,8 +76,7 @@ def serving_for(body_model: type[BaseModel]) -> Callable[..., AsyncIterator[Serv
                 raise
             shown = name if adapter is None else f"{name or ''}:{adapter}"
             raise ModelNotFound(
-                f"the model '{shown}' does not exist on this server (GET /v1/models lists "
-                "the models and their adapters)",
+                f"the model '{shown}' does not exist on this server ({listing})",
                 param=exc.param,
             ) from None
 

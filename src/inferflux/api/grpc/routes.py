@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from starlette.exceptions import HTTPException
@@ -44,11 +44,10 @@ from inferflux.api.grpc.protocol import (
 )
 from inferflux.api.grpc.render import GRPC_MEDIA_TYPE, StreamRenderer, message_frame
 from inferflux.api.model_cards import may_see
-from inferflux.api.state import ContextDep, GenerationDep, ModelsDep, app_state
-from inferflux.errors import ModelNotFound
+from inferflux.api.model_lease import lease_for
+from inferflux.api.state import ContextDep, GenerationDep, ModelsDep
 from inferflux.models.serving import ServingState
-from inferflux.security.context import RequestContext, context_of
-from inferflux.security.rbac import authorize_model
+from inferflux.security.context import RequestContext
 
 SERVICE = "inferflux.v1.Inference"
 PATH_PREFIX = f"/grpc/{SERVICE}"
@@ -95,36 +94,10 @@ def _embed(raw: bytes) -> EmbedBody:
     return embed_body(decode(pb.EmbedRequest, raw))
 
 
-class _NamesModel(Protocol):
-    @property
-    def model(self) -> str | None: ...
-
-
-def serving_for(
-    read: Callable[[bytes], _NamesModel],
-) -> Callable[..., AsyncIterator[ServingState]]:
-    """The dependency that leases the model the request names (empty: the default) until
-    the call's last frame is sent, once the caller's `allowed_models` permit it."""
-    body_dependency = grpc_body(read)
-
-    async def lease_model(
-        request: Request,
-        body: _NamesModel = Depends(body_dependency),  # noqa: B008  # FastAPI's idiom
-    ) -> AsyncIterator[ServingState]:
-        models = app_state(request.app).models
-        try:
-            names = models.access_names(body.model)
-            authorize_model(context_of(request.scope).caller, *names)
-            async with models.lease(body.model) as serving:
-                yield serving
-        except ModelNotFound as exc:
-            raise ModelNotFound(
-                f"the model '{body.model}' does not exist on this server (ListModels lists "
-                "the models)",
-                param=exc.param or "model",
-            ) from None
-
-    return lease_model
+def serving_for(read: Callable[[bytes], object]) -> Callable[..., AsyncIterator[ServingState]]:
+    """The lease of the model the message `read` decodes names (empty: the default model),
+    as every route leases one (`api/model_lease.lease_for`)."""
+    return lease_for(grpc_body(read), listing="ListModels lists the models")
 
 
 GenerateServing = Annotated[ServingState, Depends(serving_for(_generate))]
