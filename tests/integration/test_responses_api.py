@@ -311,3 +311,29 @@ def test_websocket_messages_that_are_not_requests_get_error_events(server_url: s
         socket.send(json.dumps({"type": "response.create", "input": "x"}))  # no model
         event = json.loads(socket.recv())
         assert event["type"] == "error" and event["param"] == "model"
+
+
+def test_a_websocket_that_floods_messages_behind_a_response_is_closed(server_url: str, model: str):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = server_url.replace("http://", "ws://") + "/v1/responses"
+    create = {
+        "type": "response.create",
+        "model": model,
+        "input": "Write a long story.",
+        "max_output_tokens": 2000,
+    }
+    with connect(url) as socket:
+        socket.send(json.dumps(create))
+        while json.loads(socket.recv())["type"] != "response.output_text.delta":
+            pass
+        for _ in range(40):  # the response in flight, then 32 may wait: the 33rd is refused
+            socket.send(json.dumps(create))
+        deadline = time.monotonic() + 30
+        with pytest.raises(ConnectionClosed) as closed:
+            while time.monotonic() < deadline:
+                socket.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    with httpx.Client(timeout=30) as http:
+        _assert_engine_idle(http, server_url)

@@ -38,7 +38,7 @@ from inferflux.api.generation import (
     Part,
     Usage,
 )
-from inferflux.api.responses.protocol import ResponsesRequest
+from inferflux.api.responses.protocol import FunctionChoice, ResponsesRequest
 from inferflux.api.sse import EventStreamResponse, sse_event
 from inferflux.api.tools import ToolCall
 from inferflux.errors import InferfluxError
@@ -96,7 +96,7 @@ def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[s
 def settings_echo(body: ResponsesRequest, model: str) -> dict[str, object]:
     """The request's settings as a response object repeats them."""
     text = body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {}
-    tool_choice = body.tool_choice
+    choice = body.tool_choice or "auto"
     return {
         "model": model,
         "instructions": body.instructions,
@@ -107,10 +107,7 @@ def settings_echo(body: ResponsesRequest, model: str) -> dict[str, object]:
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "text": {"format": {"type": "text"}, **text},
         "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in body.tools or []],
-        "tool_choice": (
-            tool_choice.model_dump() if not isinstance(tool_choice, str | None) else tool_choice
-        )
-        or "auto",
+        "tool_choice": choice.model_dump() if isinstance(choice, FunctionChoice) else choice,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "truncation": "disabled",
         "reasoning": {"effort": None, "summary": None},
@@ -134,7 +131,8 @@ class ResponsesRenderer:
         self.on_finished = on_finished
         self._sequence = 0
         self._output: list[dict[str, object]] = []  # finished items
-        self._message: dict[str, object] | None = None  # the message item being streamed
+        self._message_id: str | None = None  # the message item being streamed
+        self._where: dict[str, object] = {}  # its item_id, output_index, content_index
         self._text = ""  # its text so far
         self._pending = ""  # whitespace held back until text follows
         self._result: ChoiceResult | None = None
@@ -171,7 +169,7 @@ class ResponsesRenderer:
         if isinstance(event, ChoiceClosed):
             self._result = event.result
             frames = self._parts(event.parts)
-            if self._message is None and not self._output:
+            if self._message_id is None and not self._output:
                 frames += self._open_message()  # an empty answer is an empty message
             return [*frames, *self._close_message()]
         assert isinstance(event, GenerationDone)
@@ -185,41 +183,37 @@ class ResponsesRenderer:
             if isinstance(part, ToolCall):
                 frames += self._close_message()
                 frames += self._call(part)
-            elif self._message is None and not part.strip():
+            elif self._message_id is None and not part.strip():
                 self._pending += part
             elif part:
-                if self._message is None:
+                if self._message_id is None:
                     frames += self._open_message()
                 text, self._pending = self._pending + part, ""
                 self._text += text
-                frames.append(self._event("response.output_text.delta", self._delta(text)))
+                delta = {**self._where, "delta": text, "logprobs": []}
+                frames.append(self._event("response.output_text.delta", delta))
         return frames
 
-    def _where(self) -> dict[str, object]:
-        assert self._message is not None
-        return {"item_id": self._message["id"], "output_index": len(self._output)}
-
-    def _delta(self, text: str) -> dict[str, object]:
-        return {**self._where(), "content_index": 0, "delta": text, "logprobs": []}
-
     def _open_message(self) -> list[bytes]:
-        self._message = message_item(_item_id("msg"), "", "in_progress")
-        self._message["content"] = []
+        self._message_id = _item_id("msg")
         self._text = ""
+        # where the message's text goes: every event of its one output_text part says it
+        self._where = {"item_id": self._message_id, "output_index": len(self._output)}
+        self._where["content_index"] = 0
+        item = message_item(self._message_id, "", "in_progress")
+        item["content"] = []
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        added = {"output_index": len(self._output), "item": dict(self._message)}
+        added = {"output_index": len(self._output), "item": item}
         return [
             self._event("response.output_item.added", added),
-            self._event(
-                "response.content_part.added", {**self._where(), "content_index": 0, "part": part}
-            ),
+            self._event("response.content_part.added", {**self._where, "part": part}),
         ]
 
     def _close_message(self) -> list[bytes]:
-        if self._message is None:
+        if self._message_id is None:
             return []
-        where = {**self._where(), "content_index": 0}
-        item = message_item(str(self._message["id"]), self._text, self._item_status())
+        where = self._where
+        item = message_item(self._message_id, self._text, self._item_status())
         content = item["content"]
         assert isinstance(content, list)
         text = {**where, "text": self._text, "logprobs": []}
@@ -231,7 +225,7 @@ class ResponsesRenderer:
             ),
         ]
         self._output.append(item)
-        self._message = None
+        self._message_id = None
         return frames
 
     def _item_status(self) -> str:
