@@ -1,7 +1,15 @@
-"""A real `inferflux serve` subprocess on a free loopback port, for end-to-end tests."""
+"""A real `inferflux serve` subprocess on a free loopback port, for end-to-end tests.
+
+Each server runs in its own process group (its workers too). Groups still alive when the
+test process ends are killed: at a normal exit (`atexit`) and when the test process gets
+SIGTERM (a CI timeout, `timeout`), which would otherwise end it without any fixture's
+teardown and leave multi-GB workers behind.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -13,6 +21,32 @@ from pathlib import Path
 import httpx
 
 INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
+
+
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+def _kill_live_groups() -> None:
+    for process in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        _LIVE.discard(process)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _kill_live_groups()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install() -> None:
+    atexit.register(_kill_live_groups)
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+_install()
 
 
 def free_port() -> int:
@@ -35,6 +69,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        _LIVE.add(self.process)  # killed if this process ends before close()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -50,6 +85,7 @@ class ServerProcess:
         raise TimeoutError(f"server on {self.url} not ready after {timeout_s}s")
 
     def close(self) -> None:
+        _LIVE.discard(self.process)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
