@@ -15,12 +15,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inferflux.config.auth_settings import (
-    NAME_PATTERN,
-    AuthSettings,
-    TlsSettings,
-    check_cors_origins,
-)
+from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
 from inferflux.config.security_settings import (
     AuditSettings,

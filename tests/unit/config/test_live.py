@@ -61,7 +61,7 @@ def test_the_current_value_of_a_restart_only_key_is_no_change() -> None:
         ({"server": {"port": 9000}}, "server.port", "restart"),
         ({"scheduler": {"prefix_cache": {"slots": 2}}}, "scheduler.prefix_cache.slots", "restart"),
         ({"scheduler": {"max_batch_tokens": 512}}, "scheduler.max_batch_tokens", "256"),
-        ({"guardrails": {"pii": "redact"}}, "guardrails.pii", "/v1/admin/guardrails"),
+        ({"guardrails": {"pii_action": "redact"}}, "guardrails.pii_action", "/v1/admin/guardrails"),
         ({"rate_limit": {"tiers": {"gold": {}}}}, "rate_limit.tiers", "/v1/admin/rate_limit"),
     ],
 )
