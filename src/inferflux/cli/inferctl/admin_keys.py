@@ -277,7 +277,8 @@ def _tenant_fields(
     priority_cap: str | None,
     share: bool | None,
 ) -> dict[str, Any]:
-    """The PUT/POST fields: `current` (a tenant view) with the given options changed."""
+    """The PUT/POST fields: `current` (a tenant view) with the given options changed;
+    exits 2 (before any request) on options that contradict each other."""
     if models and any_model:
         raise fail("give --model or --any-model, not both", EXIT_USAGE_ERROR)
     _check_priority(priority_cap)
@@ -330,9 +331,9 @@ def update_tenant(
 ) -> None:
     """Change the options given (the rest stay as they are; `unlimited` lifts a limit)."""
     base, path = base_url(url, host, port), f"{TENANTS}/{_segment(name)}"
-    current = exchange(base, "GET", path)
-    fields = _tenant_fields(current, (rpm, tpm, concurrent), model, any_model, priority_cap,
-                            share_prefix_cache)  # fmt: skip
+    options = ((rpm, tpm, concurrent), model, any_model, priority_cap, share_prefix_cache)
+    _tenant_fields({}, *options)  # usage errors before any request
+    fields = _tenant_fields(exchange(base, "GET", path), *options)
     answer = exchange(base, "PUT", path, fields)
     emit(answer, as_json, [f"updated tenant {answer['name']}", *_tenant_lines(answer)])
 
