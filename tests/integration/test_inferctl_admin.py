@@ -94,7 +94,7 @@ def test_create_prints_the_key_once_and_it_works(server):
     assert key.startswith("sk-") and "only time the key is shown" in created.stdout
     assert "requests/min 600" in created.stdout
     assert status_with(server, key) == 200
-    key_id = created.stdout.split()[1]
+    key_id = created.stdout.splitlines()[1].split()[0]
     listed = ok(server, "api-keys", "list")
     shown = ok(server, "api-keys", "show", key_id)
     assert key_id in listed.stdout and "'ci'" in shown.stdout
@@ -119,7 +119,8 @@ def test_rotate_gives_a_new_key_and_the_old_one_gets_401(server):
     old, old_id = created["key"], created["id"]
     rotated_text = ok(server, "api-keys", "rotate", old_id)
     assert f"replaces {old_id}" in rotated_text.stdout
-    rotated = {"id": rotated_text.stdout.split()[3], "key": printed_key(rotated_text)}
+    new_id = rotated_text.stdout.splitlines()[1].split()[0]
+    rotated = {"id": new_id, "key": printed_key(rotated_text)}
     assert rotated["id"] != old_id
     assert status_with(server, old) == 401
     assert status_with(server, rotated["key"]) == 200
@@ -139,7 +140,9 @@ def test_revoke_makes_the_key_fail_with_401(server):
 
 
 def test_tenants_create_show_update_delete(server):
-    created = ok(server, "tenants", "create", "ctl-acme", "--rpm", "100", "--priority-cap", "normal")
+    created = ok(
+        server, "tenants", "create", "ctl-acme", "--rpm", "100", "--priority-cap", "normal"
+    )
     assert "created tenant ctl-acme" in created.stdout and "requests/min 100" in created.stdout
     assert "ctl-acme" in ok(server, "tenants", "list").stdout
     ok(server, "tenants", "update", "ctl-acme", "--tpm", "5000", "--share-prefix-cache")
@@ -192,7 +195,15 @@ def test_default_and_tier_limits(server):
 
 
 def test_a_blocklisted_word_is_refused_then_allowed_again(server):
-    prompt = ["chat", "--url", server, "--message", "user:Tell me about zorblax", "--max-tokens", "2"]
+    prompt = [
+        "chat",
+        "--url",
+        server,
+        "--message",
+        "user:Tell me about zorblax",
+        "--max-tokens",
+        "2",
+    ]
     env = {"INFERCTL_API_KEY": GENERATE_KEY}
     added = ok(server, "guardrails", "--add-word", "zorblax", "--add-regex", r"\bctl\d+")
     assert "blocklist: zorblax" in added.stdout

@@ -10,6 +10,8 @@ print it once, and nothing else here can show it again (the server keeps a diges
 from __future__ import annotations
 
 import re
+import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -72,8 +74,14 @@ def _check_priority(priority_cap: str | None) -> None:
         )
 
 
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _key_line(key: dict[str, Any]) -> str:
-    state = " REVOKED" if key.get("revoked") else ""
+    expires_at = key.get("expires_at")
+    expired = expires_at is not None and expires_at <= time.time()
+    state = " REVOKED" if key.get("revoked") else (" EXPIRED" if expired else "")
     name = f" {key['name']!r}" if key.get("name") else ""
     return (
         f"{key['id']}{name}{state}  tenant {key['tenant']}  scopes {','.join(key['scopes'])}"
@@ -86,18 +94,21 @@ def _key_lines(key: dict[str, Any]) -> list[str]:
     lines = [_key_line(key)]
     if key.get("limits"):
         lines.append(f"  limits: {limits_text(key['limits'])}")
-    for field in ("rate_limit_tier", "priority_cap", "allowed_models", "expires_at"):
+    for field in ("rate_limit_tier", "priority_cap", "allowed_models"):
         if key.get(field) is not None:
             value = key[field]
             lines.append(f"  {field}: {', '.join(value) if isinstance(value, list) else value}")
+    for field in ("created_at", "expires_at"):
+        if key.get(field) is not None:
+            lines.append(f"  {field}: {_utc(key[field])}")
     return lines
 
 
 def _new_key_lines(answer: dict[str, Any], verb: str) -> list[str]:
     replaces = f" (replaces {answer['replaces']}, now revoked)" if answer.get("replaces") else ""
     return [
-        f"{verb} {answer['id']}{replaces}",
-        *_key_lines(answer)[1:],
+        f"{verb}{replaces}:",
+        *_key_lines(answer),
         f"key: {answer['key']}",
         "This is the only time the key is shown: store it now.",
     ]
@@ -205,7 +216,7 @@ def rotate_key(
 ) -> None:
     """A new key (and id) with the same rights; the old one is revoked at once."""
     answer = _one_key("rotate", key_id, base_url(url, host, port))
-    emit(answer, as_json, _new_key_lines(answer, "rotated: new key"))
+    emit(answer, as_json, _new_key_lines(answer, "rotated"))
 
 
 @api_keys_app.command("revoke")
