@@ -74,10 +74,16 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
             yield dotted, value
 
 
+def _is_live(key: str, live: set[str]) -> bool:
+    """`key` or a mapping it is an entry of (`observability.tenant_logging.acme`) is live."""
+    parts = key.split(".")
+    return any(".".join(parts[:end]) in live for end in range(1, len(parts) + 1))
+
+
 def _config_lines(answer: dict[str, Any]) -> list[str]:
     live = set(answer.get("live", []))
     lines = [
-        f"{key} = {json.dumps(value)}{'  (live)' if key in live else ''}"
+        f"{key} = {json.dumps(value)}{'  (live)' if _is_live(key, live) else ''}"
         for key, value in flatten(answer.get("config", {}))
     ]
     changed = answer.get("changed")
