@@ -36,7 +36,7 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:  # Any: a JSON value
     path = key.strip().split(".")
     if not sep or len(path) < 2 or not all(part.strip() for part in path):
         raise fail(
-            f"--set {text!r}: use SECTION.KEY=VALUE, e.g. scheduler.max_batch_tokens=1024",
+            f"--set {text!r}: use SECTION.KEY=VALUE, e.g. scheduler.stream_interval=2",
             EXIT_USAGE_ERROR,
         )
     try:
@@ -98,7 +98,7 @@ def config(
         typer.Option(
             "--set",
             metavar="KEY=VALUE",
-            help="Change a live key, e.g. scheduler.max_batch_tokens=1024 (repeatable).",
+            help="Change a live key, e.g. scheduler.stream_interval=2 (repeatable).",
             show_default=False,
         ),
     ] = None,
