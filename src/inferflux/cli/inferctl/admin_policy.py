@@ -165,7 +165,9 @@ def rate_limit(
         body = _rate_limit_body(exchange(base, "GET", RATE_LIMIT), target, limits)
         answer = exchange(base, "PUT", RATE_LIMIT, body)
     elif default or tenant or tier:
-        raise fail("give the limits to set: --rpm, --tpm, --concurrent (or --set)", 2)
+        raise fail(
+            "give the limits to set: --rpm, --tpm, --concurrent (or --set)", EXIT_USAGE_ERROR
+        )
     else:
         answer = exchange(base, "GET", RATE_LIMIT)
     emit(answer, as_json, _rate_limit_lines(answer))
