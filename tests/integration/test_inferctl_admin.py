@@ -189,6 +189,8 @@ def test_guardrails_pii_and_opa_settings(server):
         (["rate-limit", "--tenant", "a"], "give the limits"),
         (["rate-limit", "--default", "--remove"], "--remove goes with --tier"),
         (["api-keys", "create", "--name", "x"], "--scope"),
+        (["api-keys", "create", "--scope", "write"], "generate, read, admin"),
+        (["api-keys", "create", "--role", "user", "--priority-cap", "top"], "high, normal, low"),
         (["api-keys", "create", "--scope", "read", "--expires-in", "soon"], "duration"),
         (["api-keys", "show", "a/b"], "not an id"),
         (["tenants", "update", "x", "--model", "m", "--any-model"], "not both"),

@@ -39,6 +39,7 @@ from inferflux.cli.inferctl.client import (
 API_KEYS = "/v1/admin/api_keys"
 TENANTS = "/v1/admin/tenants"
 PRIORITIES = ("high", "normal", "low")
+SCOPES = ("generate", "read", "admin", "adapter-manager")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}
 
@@ -64,6 +65,14 @@ def parse_duration(text: str) -> float:
     if match is None or float(match.group(1)) <= 0:
         raise typer.BadParameter(f"{text!r}: give a duration such as 3600, 90s, 30m, 12h or 30d")
     return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _check_scopes(scopes: list[str]) -> None:
+    unknown = [scope for scope in scopes if scope not in SCOPES]
+    if unknown:
+        raise fail(
+            f"--scope {', '.join(unknown)}: use {', '.join(SCOPES)} (or --role)", EXIT_USAGE_ERROR
+        )
 
 
 def _check_priority(priority_cap: str | None) -> None:
@@ -130,7 +139,9 @@ def create_key(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     concurrent: ConcurrentOption = None,
-    tier: Annotated[str | None, typer.Option(help="Rate-limit tier (instead of limits).")] = None,
+    tier: Annotated[
+        str | None, typer.Option(help="Rate-limit tier (applies unless it has own limits).")
+    ] = None,
     priority_cap: PriorityCapOption = None,
     model: ModelsOption = None,
     expires_in: Annotated[
@@ -145,6 +156,7 @@ def create_key(
     """Create a key and print it (once: the server keeps only its digest)."""
     if not scope and not role:
         raise fail("give the key --scope SCOPE or --role ROLE (repeatable)", EXIT_USAGE_ERROR)
+    _check_scopes(scope or [])
     _check_priority(priority_cap)
     body: dict[str, Any] = {
         "name": name,
