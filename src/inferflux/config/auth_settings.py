@@ -239,6 +239,12 @@ class AuthSettings(_Section):
         description="Passphrase of the policy store. Environment only "
         "(INFERFLUX_POLICY_PASSPHRASE); refused in a config file.",
     )
+    policy_accept_rollback: bool = Field(
+        False,
+        description="Load a policy store older than one written before (a restored "
+        "backup) instead of refusing to start. For one start only: it resets the "
+        "recorded version.",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from inferflux.security.policy import (
     to_rate_limits,
 )
 from inferflux.security.policy_store import PolicyStore
+from inferflux.security.policy_witness import VersionWitness
 from inferflux.security.principal import Scope
 
 logger = logging.getLogger(__name__)
@@ -93,16 +94,23 @@ def build_live_policy(
     digester: KeyDigester,
     roles: Mapping[str, frozenset[Scope]],
     store: PolicyStore | None = None,
+    witnesses: Sequence[VersionWitness] | None = None,
 ) -> LivePolicy:
     """The startup policy (see the module docstring). `store` replaces the one that
-    `auth.policy_store` names (tests). Raises PolicyStoreError when the store cannot be
-    read or created, ConfigError when config keys clash."""
+    `auth.policy_store` names (tests); `witnesses` record its versions (default: the
+    sidecar file; policy_witness.py). Raises PolicyStoreError when the store cannot be
+    read or created or was rolled back, ConfigError when config keys clash."""
     config_keys = tuple(_config_key(entry, digester, roles) for entry in auth.api_keys)
     _check_unique(config_keys)
     seed = replace(base, tenants=_merged_tenants(base, auth.tenants))
     if store is None and auth.policy_store is not None:
         assert auth.policy_passphrase is not None  # NOTE: AuthSettings requires it
-        store = PolicyStore(Path(auth.policy_store), auth.policy_passphrase.get_secret_value())
+        store = PolicyStore(
+            Path(auth.policy_store),
+            auth.policy_passphrase.get_secret_value(),
+            witnesses=witnesses,
+            accept_rollback=auth.policy_accept_rollback,
+        )
     stored = seed
     if store is not None and store.exists():
         stored = store.load()
