@@ -33,8 +33,6 @@ def hub() -> Iterator[tuple[FakeHub, str]]:
         yield fake, endpoint
 
 
-
-
 def _pull(endpoint: str, tmp_path: Path, *args: str, **extra_env: str):
     env = hub_env(endpoint, tmp_path, **extra_env)
     return subprocess.run(

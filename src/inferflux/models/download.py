@@ -91,9 +91,7 @@ def parse_hf_url(url: str) -> HubRef:
     body, _, revision = url.removeprefix(HF_URL_SCHEME).partition("@")
     parts = body.split("/")
     if len(parts) < 3 or not parts[-1].endswith(".gguf"):
-        raise InvalidRequest(
-            f"{url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION]", param="path"
-        )
+        raise InvalidRequest(f"{url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION]", param="path")
     return hub_ref("/".join(parts[:2]), "/".join(parts[2:]), revision or "main")
 
 
@@ -143,28 +141,33 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def pick_gguf(repo: str, revision: str) -> str:
-    """The repo's only *.gguf file. ModelFileNotFound when it has none, InvalidRequest
-    listing them when it has several."""
+def pick_gguf(repo: str, revision: str, label: str | None = None) -> str:
+    """The repo's only *.gguf file (with `label`, e.g. `Q4_K_M`, in its name, case
+    ignored, when given). ModelFileNotFound when it has none, InvalidRequest listing them
+    when it has several."""
     from huggingface_hub import HfApi
 
     with _hub_errors(f"{repo}@{revision}"):
         names = HfApi().list_repo_files(repo, revision=revision)
     files = sorted(name for name in names if name.endswith(".gguf"))
+    if label is not None:
+        files = [name for name in files if label.lower() in Path(name).name.lower()]
     if len(files) == 1:
         return files[0]
     if not files:
-        raise ModelFileNotFound(f"{repo}@{revision} has no .gguf file", param="model")
+        which = f"no .gguf file with {label!r} in its name" if label else "no .gguf file"
+        raise ModelFileNotFound(f"{repo}@{revision} has {which}", param="model")
     listing = "\n  ".join(f"{repo}:{name}" for name in files)
     raise InvalidRequest(f"{repo} has several .gguf files; pick one:\n  {listing}", param="model")
 
 
-def resolve_hub_file(ref: HubRef) -> RemoteFile:
-    """HEAD on the file (after picking it when `ref.filename` is None): its commit, size and
-    sha256 when the ETag is an LFS hash. Raises ModelFileNotFound, ModelLoadError."""
+def resolve_hub_file(ref: HubRef, label: str | None = None) -> RemoteFile:
+    """HEAD on the file (after picking it, see `pick_gguf`, when `ref.filename` is None):
+    its commit, size and sha256 when the ETag is an LFS hash. Raises ModelFileNotFound,
+    InvalidRequest (several files), ModelLoadError."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
-    filename = ref.filename or pick_gguf(ref.repo, ref.revision)
+    filename = ref.filename or pick_gguf(ref.repo, ref.revision, label)
     ref = HubRef(ref.repo, filename, ref.revision)
     url = hf_hub_url(ref.repo, filename, revision=ref.revision)
     with _hub_errors(f"{ref.repo}/{filename}@{ref.revision}"):
@@ -365,4 +368,3 @@ def download(
     if sha256 is None:
         raise InvalidRequest(f"{url!r}: an http(s) model URL needs its sha256", param="sha256")
     return download_url(url, folder, sha256, progress)
-

@@ -24,8 +24,8 @@ from inferflux.errors import InferfluxError
 from inferflux.models.catalog import Catalog
 from inferflux.models.lifecycle import Lifecycle
 from inferflux.models.loader import ModelLoader
-from inferflux.models.materialize import entry_file, needs_preparation
 from inferflux.models.manifest_watch import ManifestWatcher
+from inferflux.models.materialize import entry_file, needs_preparation
 from inferflux.models.names import NameTable
 from inferflux.models.protocol import LifecycleResult, ModelState, ModelView
 from inferflux.models.residency import Residency

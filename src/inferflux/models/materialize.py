@@ -54,7 +54,9 @@ def local_model(
     `quantization`. `fetch` False: only what earlier fetches left (ModelLoadError
     otherwise). Raises what download.py and quantize.py raise."""
     if is_model_url(path):
-        found = download(path, folder, sha256, progress) if fetch else downloaded(path, folder, sha256)
+        found = (
+            download(path, folder, sha256, progress) if fetch else downloaded(path, folder, sha256)
+        )
         if found is None:
             raise ModelLoadError(f"{path} is not downloaded yet", param="path")
         local = LocalModel(found.path, found.sha256)
@@ -65,7 +67,9 @@ def local_model(
     if fetch:
         done = quantize(local.path, local.sha256, quantization, folder)
         return LocalModel(done.path, done.sha256)
-    cached = find_quantized(local.path, local.sha256, quantization, folder) if local.sha256 else None
+    cached = (
+        find_quantized(local.path, local.sha256, quantization, folder) if local.sha256 else None
+    )
     if cached is not None:
         return LocalModel(cached.path, cached.sha256)
     if source_type(local.path) == quantization:  # served as it is

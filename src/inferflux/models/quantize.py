@@ -87,9 +87,7 @@ def _cache_source(source_sha256: str, level: str) -> str:
     return f"quantize:{source_sha256.lower()}:{level}"
 
 
-def find_quantized(
-    source: Path, source_sha256: str, level: str, folder: Path
-) -> Quantized | None:
+def find_quantized(source: Path, source_sha256: str, level: str, folder: Path) -> Quantized | None:
     """The cached result of an earlier `quantize`, or None. No hashing (the load verifies
     the file against the recorded SHA-256)."""
     target = quantized_path(source, source_sha256, level, folder)

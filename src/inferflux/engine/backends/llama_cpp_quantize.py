@@ -33,7 +33,6 @@ def quantize_gguf(src: str, dst: str, ftype: int, num_threads: int = 0) -> None:
     status = ll.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
     if status != 0:
         raise ModelLoadError(
-            f"llama.cpp could not quantize {src} (status {status}): is it a valid GGUF "
-            "model file?",
+            f"llama.cpp could not quantize {src} (status {status}): is it a valid GGUF model file?",
             param="quantization",
         )
