@@ -306,12 +306,14 @@ class _Reporter:
 
 
 # -- the record beside a download -------------------------------------------------------------
-def write_record(target: Path, sha256: str, source: str, requested: str | None = None) -> None:
+def write_record(
+    target: Path, sha256: str, source: str, requested: str | None = None, **extra: str
+) -> None:
     """Record (atomically) where `target` came from, as asked (`requested`, e.g. `@main`)
-    and as resolved (`source`, e.g. the commit), and its sha256."""
+    and as resolved (`source`, e.g. the commit), its sha256 and `extra` facts."""
     record = target.with_name(target.name + RECORD_SUFFIX)
     partial = record.with_name(f"{record.name}.part-{os.getpid()}")
-    data = {"sha256": sha256, "source": source, "requested": requested or source}
+    data = {"sha256": sha256, "source": source, "requested": requested or source, **extra}
     partial.write_text(json.dumps(data))
     os.replace(partial, record)
 

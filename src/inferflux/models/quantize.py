@@ -96,7 +96,8 @@ def find_quantized(source: Path, source_sha256: str, level: str, folder: Path) -
         return None
     if not target.is_file():
         return None
-    return Quantized(target, record["sha256"], level, "cached", reused=True)
+    kind = record.get("source_type", "unknown")
+    return Quantized(target, record["sha256"], level, kind, reused=True)
 
 
 def quantize(
@@ -130,7 +131,7 @@ def quantize(
         _quantize_into(load_path, target, level, report, num_threads)
     report("hashing")
     sha256 = file_sha256(target)
-    write_record(target, sha256, _cache_source(source_sha256, level))
+    write_record(target, sha256, _cache_source(source_sha256, level), source_type=kind)
     report("done")
     return Quantized(target, sha256, level, kind, reused=False)
 
