@@ -29,6 +29,7 @@ class FakeHub:
     def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
         self.repos = repos
         self.lie_about_sha256 = False
+        self.downloads: list[str] = []  # the paths of every GET of a file
 
     def respond(self, path: str) -> tuple[int, bytes, dict[str, str]]:
         """Status, body and headers for a GET (a HEAD sends the same without the body)."""
@@ -57,7 +58,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _reply(self, head: bool) -> None:
-            status, body, headers = hub.respond(self.path.split("?")[0])
+            path = self.path.split("?")[0]
+            status, body, headers = hub.respond(path)
+            if not head and "/resolve/" in path:
+                hub.downloads.append(path)
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
