@@ -95,6 +95,11 @@ def test_manifest_urls_download_once_quantize_load_and_restart_without_network(
         write_manifest(manifest, [*entries, {"id": "tiny-http", "path": url, "sha256": sha}])
         _wait_loaded(server.url, "tiny-http")
         _generates(server.url, "tiny-http")
+        # an admin-API load of the same URL and level: the files are already there
+        load = {"action": "load", "id": "tiny-admin", "path": HF_URL, "quantization": "Q8_0"}
+        reply = httpx.post(f"{server.url}/v1/admin/models", json=load, timeout=120)
+        assert reply.status_code == 200, reply.text
+        _generates(server.url, "tiny-admin")
     finally:
         server.close()
     assert (models / REPO / "tiny.f16.gguf").read_bytes() == data
