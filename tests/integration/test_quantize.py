@@ -10,6 +10,7 @@ quantized file and generates with it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import yaml
 
 from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.models.download import file_sha256, read_record
-from tests.integration.server_process import ServerProcess
+from tests.integration.server_process import INFERFLUX, ServerProcess
 from tests.integration.synthetic_gguf import write_tiny_llama
 
 pytestmark = [pytest.mark.model]
@@ -71,6 +72,16 @@ def test_inferctl_quantize_checks_the_given_sha256(f16_model: Path, tmp_path: Pa
     done = _quantize(str(f16_model), "--type", "Q8_0", "--dest", str(tmp_path), "--sha256", wrong)
     assert done.returncode == 1
     assert "does not match its SHA-256" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_server_refuses_to_quantize_its_default_model_up(tmp_path: Path) -> None:
+    env = {**os.environ, "INFERFLUX_MODEL__QUANTIZATION": "Q8_0", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [INFERFLUX, "serve"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert "is Q4_1: quantizing it to Q8_0 would not lower its precision" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.server

@@ -62,14 +62,24 @@ def is_model_url(path: str) -> bool:
     return path.startswith(URL_SCHEMES)
 
 
+def check_hf_url(url: str, where: str) -> None:
+    """`hf://ORG/REPO/FILE.gguf[@REVISION]` with no empty, `.` or `..` part (the file lands
+    at `models_dir/ORG/REPO/FILE.gguf`). Raises ValueError naming `where` otherwise."""
+    parts = url.removeprefix(HF_URL_SCHEME).partition("@")[0].split("/")
+    if re.fullmatch(HF_URL_PATTERN, url) is None or {"", ".", ".."} & set(parts):
+        raise ValueError(
+            f"{where} {url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION] (no empty, . or .. "
+            "parts)"
+        )
+
+
 def check_model_url(path: str | None, sha256: str | None, where: str) -> None:
     """A hf:// URL must name a .gguf file; an http(s) model URL needs its SHA-256. Raises
     ValueError naming `where` otherwise."""
     if path is None or not is_model_url(path):
         return
     if path.startswith(HF_URL_SCHEME):
-        if re.fullmatch(HF_URL_PATTERN, path) is None:
-            raise ValueError(f"{where} {path!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION]")
+        check_hf_url(path, where)
     elif sha256 is None:
         raise ValueError(
             f"{where} {path!r} is an http(s) URL: set its sha256 (64 hex digits) so the "

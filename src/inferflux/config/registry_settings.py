@@ -8,7 +8,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from inferflux.config.manifest import HF_URL_PATTERN
+from inferflux.config.manifest import MODEL_NAME_PATTERN, check_hf_url
 
 
 class RegistrySettings(BaseModel):
@@ -64,10 +64,9 @@ class RegistrySettings(BaseModel):
     @classmethod
     def _check_pull_sources(cls, value: dict[str, str]) -> dict[str, str]:
         for name, url in value.items():
-            if re.fullmatch(HF_URL_PATTERN, url) is None:
-                raise ValueError(
-                    f"pull_sources[{name!r}] = {url!r}: expected hf://ORG/REPO/FILE.gguf[@REV]"
-                )
+            if re.fullmatch(MODEL_NAME_PATTERN, name) is None:
+                raise ValueError(f"pull_sources: the name {name!r} must match {MODEL_NAME_PATTERN}")
+            check_hf_url(url, f"pull_sources[{name!r}] =")
         return value
 
     @field_validator("public_keys", mode="before")

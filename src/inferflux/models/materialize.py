@@ -57,8 +57,10 @@ def local_model(
         found = (
             download(path, folder, sha256, progress) if fetch else downloaded(path, folder, sha256)
         )
-        if found is None:
-            raise ModelLoadError(f"{path} is not downloaded yet", param="path")
+        if found is None:  # NOTE: fetch=False comes after a fetch: it failed (logged)
+            raise ModelLoadError(
+                f"{path} is not downloaded: its download failed (the log says why)", param="path"
+            )
         local = LocalModel(found.path, found.sha256)
     else:
         local = LocalModel(resolve(path), sha256)
@@ -74,7 +76,10 @@ def local_model(
         return LocalModel(cached.path, cached.sha256)
     if source_type(local.path) == quantization:  # served as it is
         return local
-    raise ModelLoadError(f"{path} is not quantized to {quantization} yet", param="quantization")
+    raise ModelLoadError(
+        f"{path} is not quantized to {quantization}: quantizing failed (the log says why)",
+        param="quantization",
+    )
 
 
 def entry_file(entry: ManifestEntry, folder: Path, *, fetch: bool) -> LocalModel:
@@ -96,14 +101,15 @@ def settings_folder(settings: Settings) -> Path:
 
 
 def prepare_settings(settings: Settings, resolve: Callable[[str], Path]) -> Settings:
-    """`settings` with model.path a local file: a URL downloaded and/or the file quantized
-    (model.sha256 then the served file's). Unchanged when neither is asked for. Blocking."""
+    """`settings` with model.path a local file: a URL downloaded and/or the file (the
+    default model's too) quantized; model.sha256 is then the served file's. Unchanged when
+    neither is asked for. `resolve` finds a local model.path. Blocking."""
     model = settings.model
-    if not needs_preparation(model.path, model.quantization):
+    path = model.path
+    if model.quantization is None and (path is None or not is_model_url(path)):
         return settings
-    assert model.path is not None  # NOTE: needs_preparation checked it
     local = local_model(
-        model.path,
+        path or str(resolve("")),
         model.sha256,
         model.quantization,
         settings_folder(settings),

@@ -33,7 +33,9 @@ def test_an_hf_url_entry_needs_no_sha256_but_an_https_one_does() -> None:
     assert ok.quantization == "Q8_0"
 
 
-@pytest.mark.parametrize("url", ["hf://org/m.gguf", "hf://org/repo/m.bin", "hf://org/repo/"])
+@pytest.mark.parametrize(
+    "url", ["hf://org/m.gguf", "hf://org/repo/m.bin", "hf://org/repo/", "hf://org/repo/../m.gguf"]
+)
 def test_a_malformed_hf_url_is_refused_with_the_expected_form(url: str) -> None:
     with pytest.raises(ValidationError, match="expected hf://ORG/REPO/FILE.gguf"):
         ManifestEntry.model_validate({"id": "m", "path": url})
@@ -57,6 +59,8 @@ def test_model_settings_refuse_an_https_url_without_sha256() -> None:
 def test_pull_sources_must_be_hf_urls() -> None:
     with pytest.raises(ValidationError, match="pull_sources\\['smol'\\]"):
         RegistrySettings(pull_sources={"smol": "https://example.com/m.gguf"})
+    with pytest.raises(ValidationError, match="the name 'a:b' must match"):
+        RegistrySettings(pull_sources={"a:b": "hf://o/r/m.gguf"})
     assert RegistrySettings(pull_sources={"smol": "hf://o/r/m.gguf"}).pull_sources
 
 
