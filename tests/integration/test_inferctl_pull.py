@@ -94,3 +94,13 @@ def test_a_missing_file_exits_1_without_a_traceback(hub, tmp_path: Path) -> None
     done = _pull(endpoint, tmp_path, f"{REPO}:nope.gguf", "--dest", str(tmp_path / "m"))
     assert done.returncode == 1
     assert "cannot pull" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_second_pull_of_the_same_file_downloads_nothing(hub, tmp_path: Path) -> None:
+    fake, endpoint = hub
+    dest = tmp_path / "models"
+    for _ in range(2):
+        done = _pull(endpoint, tmp_path, f"{REPO}:tiny-q8_0.gguf", "--dest", str(dest))
+        assert done.returncode == 0, done.stderr
+    assert fake.downloads == [f"/{REPO}/resolve/{COMMIT}/tiny-q8_0.gguf"]
+    assert len(yaml.safe_load((dest / "models.yaml").read_text())) == 1

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -194,6 +195,9 @@ def download_hub_file(
     checked_by = "the given sha256" if sha256 else "the hub's LFS hash" if expected else ""
     target = folder / remote.ref.repo / remote.ref.filename
     source = f"{HF_URL_SCHEME}{remote.ref.repo}/{remote.ref.filename}@{remote.commit}"
+    record = read_record(target)
+    if expected and record and record["sha256"] == expected and target.is_file():
+        return Downloaded(target, expected, source, "a previous download")
     digest = fetch(remote.url, target, expected, progress, headers=build_hf_headers())
     write_record(target, digest, source)
     return Downloaded(target, digest, source, checked_by or "not checked: the hub gave no hash")
@@ -226,12 +230,12 @@ def fetch(
 ) -> str:
     """Stream `url` into `target` atomically; returns the file's sha256.
 
-    Side effects: creates `target`'s folder; writes `target.part-<pid>` and renames it over
+    Side effects: creates `target`'s folder; writes `partial_path(target)` and renames it over
     `target` once the hash matches `sha256` (when given); removes it on any failure.
     Raises ModelVerificationFailed (wrong hash), ModelLoadError (HTTP or disk error).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    partial = partial_path(target)
     try:
         digest = _stream(url, partial, progress, headers or {})
         if sha256 is not None and digest != sha256.lower():
@@ -244,6 +248,12 @@ def fetch(
     finally:
         partial.unlink(missing_ok=True)
     return digest
+
+
+def partial_path(target: Path) -> Path:
+    """A temporary name beside `target`, unique per call (two threads or processes fetching
+    the same file never share one): `NAME.part-<pid>-<random>`."""
+    return target.with_name(f"{target.name}.part-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _stream(url: str, partial: Path, progress: Progress | None, headers: dict[str, str]) -> str:
@@ -312,7 +322,7 @@ def write_record(
     """Record (atomically) where `target` came from, as asked (`requested`, e.g. `@main`)
     and as resolved (`source`, e.g. the commit), its sha256 and `extra` facts."""
     record = target.with_name(target.name + RECORD_SUFFIX)
-    partial = record.with_name(f"{record.name}.part-{os.getpid()}")
+    partial = partial_path(record)
     data = {"sha256": sha256, "source": source, "requested": requested or source, **extra}
     partial.write_text(json.dumps(data))
     os.replace(partial, record)
@@ -362,7 +372,7 @@ def download(
     found = downloaded(url, folder, sha256)
     if found is not None:
         return found
-    logger.info("downloading %s into %s", url, folder)
+    logger.info("downloading %s into %s", _shown(url), folder)
     if url.startswith(HF_URL_SCHEME):
         result = download_hub_file(resolve_hub_file(parse_hf_url(url)), folder, sha256, progress)
         write_record(result.path, result.sha256, result.source, url)

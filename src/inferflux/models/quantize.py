@@ -25,7 +25,7 @@ from inferflux.config.manifest import QUANTIZATION_LEVELS
 from inferflux.engine.gguf_metadata import FILE_TYPE_NAMES, read_gguf_metadata
 from inferflux.engine.model_verify import verified_file
 from inferflux.errors import QuantizationRefused
-from inferflux.models.download import file_sha256, read_record, write_record
+from inferflux.models.download import file_sha256, partial_path, read_record, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def _quantize_into(
     from inferflux.engine.backends.llama_cpp_quantize import quantize_gguf
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    partial = partial_path(target)
     report("quantizing")
     started_at = time.monotonic()
     logger.info("quantizing to %s into %s", level, target)
