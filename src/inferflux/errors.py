@@ -18,6 +18,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
     ├── Conflict                        409 conflict (an admin change that clashes, ...)
+    │   └── RestartRequired             409 restart_required (a setting only a restart changes)
     ├── Unprocessable                   422 unprocessable (well-formed admin input that names
     │                                   something unknown or unusable: a tenant, a tier, ...)
     ├── ServiceUnavailable              503 service_unavailable
@@ -195,6 +196,12 @@ class Conflict(InferfluxError):
     http_status = 409
     error_type = "invalid_request_error"
     code = "conflict"
+
+
+class RestartRequired(Conflict):
+    """PATCH /v1/admin/config named a setting that only takes effect at startup."""
+
+    code = "restart_required"
 
 
 class ServiceUnavailable(InferfluxError):

@@ -38,6 +38,7 @@ from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
+from inferflux.api.live_config import LiveConfig
 from inferflux.api.middleware import (
     BodySizeLimitMiddleware,
     RequestIdMiddleware,
@@ -171,7 +172,10 @@ def create_app(
         max_bytes=responses.max_stored_bytes,
         ttl_s=responses.ttl_s,
     )
-    attach_state(app, AppState(settings, telemetry, access, layer, models, generation, stored))
+    live = LiveConfig(settings, models)
+    attach_state(
+        app, AppState(settings, telemetry, access, layer, models, generation, stored, live)
+    )
     install_error_handlers(app)
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferflux.config.settings import Settings
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, RequestDelta, StepStats
@@ -46,6 +46,10 @@ class EngineControl(Protocol):
     def workers(self) -> list[WorkerStatus]: ...
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None: ...
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None: ...
 
 
 class ServedEngine(EngineControl, Protocol):
@@ -87,6 +91,11 @@ class _Forwarding:
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._control.observe_steps(observer)
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None:
+        await self._control.reconfigure(scheduler, observability)
 
 
 class ClientEngine(_Forwarding):

@@ -27,7 +27,13 @@ from pathlib import Path
 from inferflux.config.auth_settings import ApiKeySettings, AuthSettings, TenantSettings
 from inferflux.errors import ConfigError, PolicyStoreError, PolicyUnavailable
 from inferflux.security.api_keys import KeyDigester, default_key_id
-from inferflux.security.policy import ApiKeyRecord, Policy, RateLimits, TenantPolicy
+from inferflux.security.policy import (
+    ApiKeyRecord,
+    Policy,
+    RateLimits,
+    TenantPolicy,
+    to_rate_limits,
+)
 from inferflux.security.policy_store import PolicyStore
 from inferflux.security.principal import Scope
 
@@ -139,7 +145,7 @@ def _config_key(
 
 def limits_of(entry: ApiKeySettings | TenantSettings) -> RateLimits | None:
     """The entry's limits, or None when it sets none."""
-    limits = RateLimits(entry.requests_per_minute, entry.tokens_per_minute, entry.max_concurrent)
+    limits = to_rate_limits(entry)
     return None if limits == RateLimits() else limits
 
 

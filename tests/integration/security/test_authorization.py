@@ -103,6 +103,8 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
         ("PUT", "/v1/admin/rate_limit"): ("/v1/admin/rate_limit", {"bogus": 1}, admin),
         ("GET", "/v1/admin/guardrails"): ("/v1/admin/guardrails", None, admin),
         ("PUT", "/v1/admin/guardrails"): ("/v1/admin/guardrails", {"pii_action": "?"}, admin),
+        ("GET", "/v1/admin/config"): ("/v1/admin/config", None, admin),
+        ("PATCH", "/v1/admin/config"): ("/v1/admin/config", {"bogus": 1}, admin),
         ("GET", "/v1/admin/models"): ("/v1/admin/models", None, admin),
         ("POST", "/v1/admin/models"): ("/v1/admin/models", {}, admin),
         ("GET", "/v1/admin/adapters"): ("/v1/admin/adapters", None, Scope.ADAPTER_MANAGER),

@@ -1,5 +1,7 @@
 """The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`,
-`quantize`, and `admin models` (admin.py).
+`quantize`, and `admin models|adapters` (admin.py), `admin api-keys|tenants`
+(admin_keys.py), `admin rate-limit|guardrails` (admin_policy.py), `admin config`
+(admin_config.py).
 
 Each command resolves the target (`--url`, `--host/--port`, INFERCTL_HOST), makes one
 request and prints the answer, or the raw JSON with `--json`. `chat --interactive` hands
@@ -17,6 +19,9 @@ import typer
 
 from inferflux.cli.inferctl import chat_repl, pull, quantize
 from inferflux.cli.inferctl.admin import admin_app
+from inferflux.cli.inferctl.admin_config import config
+from inferflux.cli.inferctl.admin_keys import api_keys_app, tenants_app
+from inferflux.cli.inferctl.admin_policy import guardrails, rate_limit
 from inferflux.cli.inferctl.client import (
     EXIT_API_ERROR,
     HostOption,
@@ -34,6 +39,11 @@ app = typer.Typer(help="Talk to an InferFlux server.", no_args_is_help=True, add
 models_app = typer.Typer(help="The served models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(admin_app, name="admin")
+admin_app.add_typer(api_keys_app, name="api-keys")
+admin_app.add_typer(tenants_app, name="tenants")
+admin_app.command("rate-limit")(rate_limit)
+admin_app.command("guardrails")(guardrails)
+admin_app.command("config")(config)
 
 ModelOption = Annotated[
     str | None, typer.Option(help="Model id (default: the server's).", show_default=False)
