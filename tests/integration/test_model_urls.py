@@ -55,6 +55,17 @@ def _wait_loaded(url: str, model_id: str, timeout_s: float = 90.0) -> None:
     pytest.fail(f"{model_id} not loaded after {timeout_s}s: {admin_models(url).get(model_id)}")
 
 
+def _wait_failed(url: str, model_id: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        [*views] = admin_models(url).get(model_id, [])
+        if views and views[0]["state"] == "failed":
+            assert "download failed" in str(views[0]["error"])
+            return
+        time.sleep(0.3)
+    pytest.fail(f"{model_id} not failed after {timeout_s}s: {admin_models(url).get(model_id)}")
+
+
 def _start(log: Path, env: dict[str, str], *args: str) -> ServerProcess:
     server = ServerProcess(*args, env=env, log_path=log)
     try:
@@ -100,6 +111,11 @@ def test_manifest_urls_download_once_quantize_load_and_restart_without_network(
         reply = httpx.post(f"{server.url}/v1/admin/models", json=load, timeout=120)
         assert reply.status_code == 200, reply.text
         _generates(server.url, "tiny-admin")
+        # an entry whose file the hub does not have: listed as failed, the rest serves on
+        broken = {"id": "broken", "path": f"hf://{REPO}/nope.gguf@main"}
+        write_manifest(manifest, [*entries, broken])
+        _wait_failed(server.url, "broken")
+        _generates(server.url, "tiny")
     finally:
         server.close()
     assert (models / REPO / "tiny.f16.gguf").read_bytes() == data
