@@ -50,6 +50,13 @@ ModelOption = Annotated[
 ]
 TemperatureOption = Annotated[float, typer.Option(min=0.0, max=2.0)]
 StreamOption = Annotated[bool, typer.Option("--stream", help="Print tokens as they come.")]
+DestOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Models directory (env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models).",
+        show_default=False,
+    ),
+]
 
 
 def _worker_line(worker: dict[str, Any]) -> str:
@@ -185,13 +192,7 @@ def chat(
 def pull_command(
     spec: Annotated[str, typer.Argument(metavar="REPO[:FILE]", help="e.g. owner/name:x.gguf")],
     revision: Annotated[str, typer.Option(help="Branch, tag or commit.")] = "main",
-    dest: Annotated[
-        Path | None,
-        typer.Option(
-            help="Models directory [env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models].",
-            show_default=False,
-        ),
-    ] = None,
+    dest: DestOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Download a GGUF from the Hugging Face Hub, verify its SHA-256, add it to models.yaml."""
@@ -205,15 +206,6 @@ def pull_command(
     typer.echo(f"manifest {pulled.manifest}")
     typer.echo(f"serve it with: inferflux serve --model {pulled.path}")
     typer.echo(f"or every pulled model: inferflux serve --registry {pulled.manifest}")
-
-
-DestOption = Annotated[
-    Path | None,
-    typer.Option(
-        help="Models directory [env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models].",
-        show_default=False,
-    ),
-]
 
 
 @app.command("quantize")
