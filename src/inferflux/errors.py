@@ -31,7 +31,8 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
     │   ├── ModelFileNotFound           404 model_file_not_found (no such regular file)
-    │   └── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
+    │   ├── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
+    │   └── QuantizationRefused         422 quantization_refused (not a higher-precision file)
     └── ConfigError                     invalid configuration (startup: exit non-zero)
         └── PolicyStoreError            the policy store cannot be read (startup: exit non-zero)
 """
@@ -274,6 +275,15 @@ class ModelVerificationFailed(ModelLoadError):
     http_status = 422
     error_type = "invalid_request_error"
     code = "model_verification_failed"
+
+
+class QuantizationRefused(ModelLoadError):
+    """A model cannot be quantized to the level asked: the file is not of higher precision
+    (only F32, F16, BF16 and Q8_0 files are quantized down)."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+    code = "quantization_refused"
 
 
 class ConfigError(InferfluxError):

@@ -53,6 +53,7 @@ from inferflux.api.ollama import chat as ollama_chat
 from inferflux.api.ollama import embed as ollama_embed
 from inferflux.api.ollama import generate as ollama_generate
 from inferflux.api.ollama import models as ollama_models
+from inferflux.api.ollama import pull as ollama_pull
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
@@ -107,6 +108,7 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (ollama_chat.router, Scope.GENERATE),
     (ollama_embed.router, Scope.GENERATE),
     (ollama_models.router, Scope.READ),
+    (ollama_pull.router, Scope.ADMIN),
     (admin.router, Scope.ADMIN),
     (admin_models.router, Scope.ADMIN),
     (admin_adapters.router, Scope.ADAPTER_MANAGER),

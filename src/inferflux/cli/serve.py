@@ -61,7 +61,11 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (server.port).")] = None,
     model: Annotated[
-        str | None, typer.Option(help="GGUF file to serve (model.path). Default: SmolLM2-135M.")
+        str | None,
+        typer.Option(
+            help="GGUF file to serve, or a URL: hf://ORG/REPO/FILE.gguf@REV, https://… "
+            "(model.path). Default: SmolLM2-135M."
+        ),
     ] = None,
     model_id: Annotated[
         str | None, typer.Option(help="Model id clients send as `model` (model.id).")

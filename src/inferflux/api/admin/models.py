@@ -53,6 +53,7 @@ class AdminModelRequest(BaseModel):
     n_batch: int | None = None
     threads: int | None = None
     chat_template: str | None = None
+    quantization: str | None = None
 
     def entry(self) -> ManifestEntry:
         """The fields given, as a manifest entry. Raises InvalidRequest naming a bad one."""
