@@ -82,7 +82,9 @@ def validate(obj: Manifest) -> list[str]:
     name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     if key in CRD_SCHEMAS:
         validator = jsonschema.Draft7Validator(crd_schema(CRD_SCHEMAS[key]))
-        return [f"{name}: {_where(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
+        return [
+            f"{name}: {_where(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)
+        ]
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:
@@ -99,7 +101,9 @@ def crd_schema(stem: str) -> dict[str, Any]:
     raw = yaml.safe_load((SCHEMAS / f"{stem}.schema.yaml").read_text(encoding="utf-8"))
     schema: dict[str, Any] = copy.deepcopy(raw)
     for node in _schema_nodes(schema):
-        open_ended = node.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in node
+        open_ended = (
+            node.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in node
+        )
         if "properties" in node and not open_ended:
             node["additionalProperties"] = False
     # apiVersion, kind and metadata are the API server's, typed loosely in every CRD.
@@ -170,7 +174,9 @@ def _pod_problems(spec: dict[str, Any]) -> list[str]:
         problems.append("a hostPath volume (not allowed by the restricted Pod Security Standard)")
     grace = spec.get("terminationGracePeriodSeconds", 30)
     if grace < 60:
-        problems.append(f"terminationGracePeriodSeconds {grace} < 60 leaves streams no time to drain")
+        problems.append(
+            f"terminationGracePeriodSeconds {grace} < 60 leaves streams no time to drain"
+        )
     return problems
 
 

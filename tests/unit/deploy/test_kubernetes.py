@@ -92,7 +92,9 @@ def test_the_vendored_crd_schemas_name_their_source_and_license():
 
 
 def test_every_workload_keeps_security_context_probes_and_resources(rendered):
-    problems = [p for objects in rendered.values() for obj in objects for p in workload_problems(obj)]
+    problems = [
+        p for objects in rendered.values() for obj in objects for p in workload_problems(obj)
+    ]
     assert problems == []
     assert all(by_kind(objects, "Deployment") for objects in rendered.values())
 
@@ -155,7 +157,9 @@ def test_the_service_monitor_and_network_policy_reach_the_pods(rendered):
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     monitor = one(objects, "ServiceMonitor")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
     service_ports = {p["name"] for p in service["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= service_ports
     assert {e["path"] for e in monitor["spec"]["endpoints"]} == {"/metrics"}
@@ -172,15 +176,23 @@ def test_the_autoscalers_scale_the_deployment_on_the_real_queue_metric(rendered)
     hpa = one(rendered["cpu"], "HorizontalPodAutoscaler")
     scaled = one(rendered["cpu+keda"], "ScaledObject")
     for objects, target in ((rendered["cpu"], hpa), (rendered["cpu+keda"], scaled)):
-        assert target["spec"]["scaleTargetRef"]["name"] == one(objects, "Deployment")["metadata"]["name"]
+        assert (
+            target["spec"]["scaleTargetRef"]["name"]
+            == one(objects, "Deployment")["metadata"]["name"]
+        )
         assert "replicas" not in one(objects, "Deployment")["spec"], "the autoscaler owns replicas"
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == QUEUE_METRIC
     trigger = scaled["spec"]["triggers"][0]
     assert QUEUE_METRIC in trigger["metadata"]["query"]
     assert 'namespace="inferflux"' in trigger["metadata"]["query"]
-    assert trigger["metadata"]["threshold"] == hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    assert (
+        trigger["metadata"]["threshold"]
+        == hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    )
     assert scaled["spec"]["minReplicaCount"] == hpa["spec"]["minReplicas"]
-    adapter = yaml.safe_load((KUBERNETES / "autoscaling" / "prometheus-adapter-values.yaml").read_text())
+    adapter = yaml.safe_load(
+        (KUBERNETES / "autoscaling" / "prometheus-adapter-values.yaml").read_text()
+    )
     (rule,) = adapter["rules"]["custom"]
     assert QUEUE_METRIC in rule["seriesQuery"] and rule["name"]["as"] == QUEUE_METRIC
 
@@ -193,6 +205,7 @@ def test_the_gpu_overlay_asks_for_a_gpu_and_shares_its_models(rendered):
     (models,) = [v for v in spec["volumes"] if v["name"] == "models"]
     assert models == {"name": "models", "persistentVolumeClaim": {"claimName": "inferflux-models"}}
     assert one(rendered["gpu"], "PersistentVolumeClaim")["metadata"]["name"] == "inferflux-models"
-    assert one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0][
-        "image"
-    ] == "inferflux:cpu"
+    assert (
+        one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "inferflux:cpu"
+    )
