@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 import shutil
 from pathlib import Path
 
@@ -209,3 +210,30 @@ def test_the_gpu_overlay_asks_for_a_gpu_and_shares_its_models(rendered):
         one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
         == "inferflux:cpu"
     )
+
+
+def test_the_own_overlay_of_the_guide_replaces_the_bootstrap_digest(tmp_path):
+    """docs/deploy.md, "Deploy the cpu overlay" step 3, as written there: the overlay's
+    kustomization.yaml is taken from the guide's heredoc."""
+    guide = (KUBERNETES.parents[1] / "docs" / "deploy.md").read_text()
+    match = re.search(
+        r"cat > deploy/kubernetes/overlays/mine/kustomization.yaml <<'EOF'\n(.*?)\nEOF\n",
+        guide,
+        re.DOTALL,
+    )
+    assert match is not None, "the guide no longer shows the overlay"
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, tree)
+    mine = tree / "overlays" / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(match.group(1))
+    digest = "ab" * 32
+    config = (KUBERNETES / "base" / "server.yaml").read_text()
+    (mine / "server.yaml").write_text(re.sub("0{64}", digest, config))
+    objects = render(mine)
+    configmap = one(objects, "ConfigMap")
+    assert digest in configmap["data"]["server.yaml"]
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    (config_volume,) = [v for v in volumes if v["name"] == "config"]
+    assert config_volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert [p for obj in objects for p in validate(obj) + workload_problems(obj)] == []
