@@ -110,6 +110,11 @@ def test_every_workload_keeps_security_context_probes_and_resources(rendered):
         (("containers", 0, "resources", "requests", "cpu"), "requests.cpu != limits.cpu"),
         (("securityContext", "seccompProfile"), "seccompProfile.type is not RuntimeDefault"),
         (("enableServiceLinks",), "enableServiceLinks is not false"),
+        (("containers", 0, "livenessProbe"), "livenessProbe is not an httpGet on /livez"),
+        (("containers", 0, "lifecycle"), "lifecycle.preStop is missing"),
+        (("containers", 0, "securityContext", "capabilities"), "capabilities.drop is not [ALL]"),
+        (("securityContext", "runAsNonRoot"), "runAsNonRoot is not true"),
+        (("containers", 0, "resources", "limits", "memory"), "limits.memory is missing"),
     ],
 )
 def test_a_workload_missing_a_setting_is_reported(rendered, path, expected):
@@ -131,6 +136,20 @@ def test_secrets_are_referenced_never_written(rendered):
             assert "value" not in env[var], f"{name}: {var} has a literal value"
             assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "inferflux-secrets"
         assert {"INFERFLUX_POLICY_PASSPHRASE", "INFERFLUX_AUTH_PEPPER"} <= env.keys()
+
+
+def test_the_guide_creates_the_secret_keys_the_pods_read(rendered):
+    guide = (KUBERNETES.parents[1] / "docs" / "deploy.md").read_text()
+    command = re.search(r"create secret generic inferflux-secrets((?:.*\\\n)+.*)", guide)
+    assert command is not None, "the guide no longer creates inferflux-secrets"
+    created = set(re.findall(r"--from-literal=([a-z-]+)=", command.group(1)))
+    container = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    read = {
+        e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert read == created
 
 
 def test_the_server_yaml_is_a_valid_inferflux_config(rendered, tmp_path):
