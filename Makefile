@@ -58,7 +58,7 @@ test: check kubectl
 
 # tests/unit/deploy render deploy/kubernetes with kubectl's built-in Kustomize.
 kubectl:
-	@command -v kubectl >/dev/null 2>&1 || { echo "make test needs kubectl >= 1.21 on PATH" \
+	@command -v kubectl >/dev/null 2>&1 || { echo "make test needs kubectl >= 1.27 on PATH" \
 		"(tests/unit/deploy run \`kubectl kustomize\`): https://kubernetes.io/docs/tasks/tools/" >&2; exit 1; }
 
 bench: setup

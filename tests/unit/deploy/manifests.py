@@ -44,7 +44,7 @@ def kubectl() -> str:
     if path is None:
         pytest.fail(
             "kubectl is not on PATH: tests/unit/deploy render the Kustomize overlays with "
-            "`kubectl kustomize` (kubectl >= 1.21, https://kubernetes.io/docs/tasks/tools/)"
+            "`kubectl kustomize` (kubectl >= 1.27, https://kubernetes.io/docs/tasks/tools/)"
         )
     return path
 
