@@ -1,7 +1,7 @@
 """Render the Kustomize tree under deploy/kubernetes and check what it renders.
 
 `render` runs `kubectl kustomize` (kubectl's built-in Kustomize); `validate` checks one
-object against the Kubernetes schemas of `KUBERNETES_VERSION` (kubernetes-validate, strict:
+object against the Kubernetes schemas of `KUBERNETES_VERSIONS` (kubernetes-validate, strict:
 unknown fields are errors) or, for the two custom resources, against the CRD schemas
 vendored in deploy/kubernetes/schemas/; `workload_problems` lists what a pod template lacks
 (security context, probes, resources). Each check returns the problems it found, so a
@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 SCHEMAS = KUBERNETES / "schemas"
 OVERLAYS = ("cpu", "gpu")
-# The Kubernetes API version the manifests are checked against (kubectl here is 1.32).
-KUBERNETES_VERSION = "1.32"
+# The Kubernetes API versions the manifests are checked against: the oldest docs/deploy.md
+# supports and the newest kubernetes-validate bundles.
+KUBERNETES_VERSIONS = ("1.27", "1.37")
 # Custom resources → the vendored openAPIV3Schema of their CRD.
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_v1_servicemonitor",
@@ -85,13 +86,17 @@ def validate(obj: Manifest) -> list[str]:
         return [
             f"{name}: {_where(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)
         ]
-    try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return [f"{name}: {_where(exc.absolute_path)}: {exc.message}"]
-    except kubernetes_validate.SchemaNotFoundError as exc:
-        return [f"{name}: {exc.message} (vendor its CRD schema in {SCHEMAS})"]
-    return []
+    problems = []
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(
+                f"{name} (Kubernetes {version}): {_where(exc.absolute_path)}: {exc.message}"
+            )
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(f"{name}: {exc.message} (vendor its CRD schema in {SCHEMAS})")
+    return problems
 
 
 def crd_schema(stem: str) -> dict[str, Any]:
