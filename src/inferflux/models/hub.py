@@ -109,7 +109,8 @@ class ModelHub:
         view = ModelView(
             spec.model_id, spec.aliases, str(spec.path), spec.source,
             spec.model_id == self.names.default_id, state, error=errors.get(spec.model_id),
-            adapter_of=spec.base_id, adapters=spec.adapters,
+            adapter_of=spec.base_id, adapters=spec.adapters, system=spec.system,
+            parameters=spec.parameters, chat_template=spec.chat_template,
         )  # fmt: skip
         if resident is None:
             return view
@@ -154,6 +155,12 @@ class ModelHub:
 
     async def sync_manifest(self, manifest: Manifest) -> None:
         await self.lifecycle.sync_manifest(manifest)
+
+    async def register(self, entry: ManifestEntry) -> LifecycleResult:
+        return await self.lifecycle.register(entry)
+
+    async def entry_of(self, name: str) -> ManifestEntry:
+        return await self.lifecycle.entry_of(name)
 
     # -- background -----------------------------------------------------------------------
     async def _preload(self) -> None:
