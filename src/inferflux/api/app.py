@@ -48,9 +48,11 @@ from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
 from inferflux.api.observed_engine import ObservedEngine
+from inferflux.api.ollama import blobs as ollama_blobs
 from inferflux.api.ollama import chat as ollama_chat
 from inferflux.api.ollama import embed as ollama_embed
 from inferflux.api.ollama import generate as ollama_generate
+from inferflux.api.ollama import manage as ollama_manage
 from inferflux.api.ollama import models as ollama_models
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
@@ -106,6 +108,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (ollama_chat.router, Scope.GENERATE),
     (ollama_embed.router, Scope.GENERATE),
     (ollama_models.router, Scope.READ),
+    (ollama_manage.router, Scope.ADMIN),
+    (ollama_blobs.router, Scope.ADMIN),
     (admin.router, Scope.ADMIN),
     (admin_models.router, Scope.ADMIN),
     (admin_adapters.router, Scope.ADAPTER_MANAGER),
@@ -176,7 +180,11 @@ def create_app(
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(CatchAllMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.server.max_request_bytes,
+        uploads_prefix=ollama_blobs.BLOBS_PREFIX,
+    )
     install_security(app, settings, access, layer)
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)

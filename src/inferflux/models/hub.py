@@ -49,6 +49,7 @@ class ModelHub:
     ) -> None:
         """`default` is the catalog's default model, built but not started (`start`)."""
         self._settings = settings
+        self.models_dir = catalog.models_dir
         self.names = NameTable(default.spec, catalog.others)
         self.residency = Residency(settings, default)
         self.lifecycle = Lifecycle(catalog, self.names, self.residency, loader)

@@ -36,7 +36,7 @@ import yaml
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
 from inferflux.engine.model_verify import sha256_of
-from inferflux.errors import Conflict, ConfigError, InferfluxError, ModelNotFound
+from inferflux.errors import ConfigError, Conflict, InferfluxError, ModelNotFound
 from inferflux.models.catalog import Catalog
 from inferflux.models.loader import ModelLoader
 from inferflux.models.manifest_store import ManifestStore
@@ -266,8 +266,7 @@ class Lifecycle:
             return entry_from_spec(spec, self._catalog.models_dir, sha256)
         except ValueError:
             raise Conflict(
-                f"the file of {spec.model_id!r} is outside the models folder "
-                "(registry.models_dir)",
+                f"the file of {spec.model_id!r} is outside the models folder (registry.models_dir)",
                 param="model",
             ) from None
 

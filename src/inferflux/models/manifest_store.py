@@ -72,9 +72,7 @@ class ManifestStore:
         signature covers the flag (a warning says so)."""
         document, entries = self._read()
         changed = [
-            item
-            for item in entries
-            if bool(item.get("default")) != (item.get("id") == model_id)
+            item for item in entries if bool(item.get("default")) != (item.get("id") == model_id)
         ]
         if not any(item.get("id") == model_id for item in entries):
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry, ModelParameters
@@ -103,6 +104,8 @@ class ModelDirectory(Protocol):
 class ModelLifecycle(Protocol):
     """The admin side: start, stop, load, unload, swap, set the default, follow the
     manifest, load LoRA adapters. Lifecycle changes run one at a time."""
+
+    models_dir: Path  # where manifest and admin paths resolve (and Ollama blobs live)
 
     async def start(self) -> None:
         """Start the default model's engine (raises ModelLoadError if it cannot), then
