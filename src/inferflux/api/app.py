@@ -38,6 +38,8 @@ from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
+from inferflux.api.lmstudio import models as lmstudio_models
+from inferflux.api.lmstudio import routes as lmstudio_routes
 from inferflux.api.middleware import (
     BodySizeLimitMiddleware,
     RequestIdMiddleware,
@@ -116,6 +118,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (anthropic_messages.router, Scope.GENERATE),
     (responses_routes.router, Scope.GENERATE),
     (responses_socket.router, Scope.GENERATE),
+    (lmstudio_routes.router, Scope.GENERATE),
+    (lmstudio_models.router, Scope.READ),
 )
 
 
