@@ -182,9 +182,7 @@ class ModelHub:
                 self._unload_expired()
                 if self._watcher is not None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + poll_s
-                    manifest = await asyncio.to_thread(self._watcher.poll)
-                    if manifest is not None:
-                        await self.sync_manifest(manifest)
+                    await self.lifecycle.follow_manifest(self._watcher.poll)
             except Exception:  # NOTE: one bad tick must not stop the housekeeping
                 logger.exception("model housekeeping failed")
 

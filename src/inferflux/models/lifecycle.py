@@ -293,6 +293,15 @@ class Lifecycle:
         async with self.lock:
             await self._sync(manifest)
 
+    async def follow_manifest(self, poll: Callable[[], Manifest | None]) -> None:
+        """Read the manifest when it changed (`poll`, on a worker thread) and apply it, with
+        the lock held for both: a read never interleaves with this process's own writes,
+        so a stale read cannot undo one."""
+        async with self.lock:
+            manifest = await asyncio.to_thread(poll)
+            if manifest is not None:
+                await self._sync(manifest)
+
     async def _sync(self, manifest: Manifest) -> None:
         wanted = {entry.id: entry for entry in manifest.models}
         for model_id in [i for i in self.applied if i not in wanted]:

@@ -134,5 +134,6 @@ async def manage_model(
         "id": result.model_id,
         "load_s": None if result.load_s is None else round(result.load_s, 3),
         "retiring": result.retiring,
+        "persisted": result.persisted,
         "models": [view_json(view) for view in models.models()],
     }

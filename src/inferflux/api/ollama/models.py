@@ -154,9 +154,14 @@ def parameters_text(info: ModelInfo, model: ModelParameters | None = None) -> st
     lines = []
     for name, value in sorted(values.items()):
         for item in value if isinstance(value, list) else [value]:
-            shown = json.dumps(item) if isinstance(item, str) else item
+            shown = json.dumps(item) if isinstance(item, str) else _number(item)
             lines.append(f"{name:<{_PARAMETER_WIDTH}} {shown}")
     return "\n".join(lines)
+
+
+def _number(value: object) -> str:
+    """Go's formatting of an option's value: `0`, `0.8`, `4096`."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def modelfile_text(
