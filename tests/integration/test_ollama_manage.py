@@ -59,12 +59,13 @@ class Served:
 
 
 def start(folder: Path, config: Path) -> ServerProcess:
-    server = ServerProcess("--config", str(config), log_path=folder / "server.log")
+    log = folder / f"server-{len(list(folder.glob('server-*.log')))}.log"
+    server = ServerProcess("--config", str(config), log_path=log)
     try:
         server.wait_ready(WAIT_S)
     except (RuntimeError, TimeoutError) as exc:
         server.close()
-        pytest.fail(f"{exc}:\n{(folder / 'server.log').read_text(errors='replace')[-4000:]}")
+        pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-4000:]}")
     return server
 
 
