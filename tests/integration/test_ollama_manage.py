@@ -330,3 +330,16 @@ def test_bad_input_is_a_clear_ollama_error(served: Served) -> None:
         bad = http.head("/api/blobs/md5:abc")
         assert bad.status_code == 400
     assert "x" not in served.manifest_entries()
+
+
+def test_delete_removes_a_blob_once_no_model_uses_it(served: Served) -> None:
+    blob = f"sha256:{sha256_file(served.model_path)}"
+    blob_file = served.folder / "blobs" / f"sha256-{blob.removeprefix('sha256:')}.gguf"
+    with served.client() as client, served.http() as http:
+        assert blob_file.is_file()
+        client.delete("parrot")  # pirate still serves the same blob
+        assert blob_file.is_file() and http.head(f"/api/blobs/{blob}").status_code == 200
+        client.delete("pirate:latest")
+        assert not blob_file.exists() and http.head(f"/api/blobs/{blob}").status_code == 404
+        assert set(served.manifest_entries()) == {"smollm2", "smol-admin"}
+        assert (served.folder / "models" / "smollm2.gguf").is_file()  # not a blob: kept

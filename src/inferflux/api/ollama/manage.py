@@ -112,8 +112,8 @@ def _entry(fields: dict[str, object]) -> ManifestEntry:
 def _forget_blob(models: ModelDirectory, blobs: BlobStore, path: Path) -> None:
     """Delete the uploaded blob at `path` once no registered model serves it."""
     if path.parent != blobs.folder.resolve() or any(
-        Path(view.path) == path for view in models.models()
-    ):
+        Path(view.path) == path for view in models.models() if view.listed()
+    ):  # a retiring model keeps its open file until its workers stop
         return
     blobs.remove(f"{BLOBS_FOLDER}/{path.name}")
 
