@@ -30,12 +30,11 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import yaml
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
-from inferflux.engine.model_verify import sha256_of
+from inferflux.engine.model_verify import sha256_of_path
 from inferflux.errors import ConfigError, Conflict, InferfluxError, ModelNotFound
 from inferflux.models.catalog import Catalog
 from inferflux.models.loader import ModelLoader
@@ -261,7 +260,7 @@ class Lifecycle:
             raise Conflict(f"{spec.model_id!r} is a LoRA adapter model", param="model")
         sha256 = spec.sha256
         if sha256 is None:
-            sha256 = await asyncio.to_thread(_hash_file, spec.path)
+            sha256 = await asyncio.to_thread(sha256_of_path, spec.path)
         try:
             return entry_from_spec(spec, self._catalog.models_dir, sha256)
         except ValueError:
@@ -342,11 +341,6 @@ class Lifecycle:
         if resident is not None:
             self._residency.retire_later(resident)
         logger.info("manifest: model %s removed", model_id)
-
-
-def _hash_file(path: Path) -> str:
-    with path.open("rb") as file:
-        return sha256_of(file)
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from inferflux.api.ollama.render import NdjsonResponse, json_response, ndjson_li
 from inferflux.api.state import AppState, LifecycleDep, ModelsDep, StateDep
 from inferflux.config.manifest import MODEL_NAME_PATTERN, ManifestEntry, ModelParameters
 from inferflux.engine.chat_template import ChatTemplate
-from inferflux.engine.model_verify import resolve_in_folder, sha256_of
+from inferflux.engine.model_verify import resolve_in_folder, sha256_of_path
 from inferflux.errors import InvalidRequest, ModelLoadError, ModelNotFound
 from inferflux.models.blobs import BLOBS_FOLDER, BlobStore, digest_hex
 from inferflux.models.manifest_store import entry_fields
@@ -218,19 +218,14 @@ async def _base_fields(
             raise
     else:
         return entry_fields(entry)
-    path = resolve_in_folder(lifecycle.models_dir, source)
+    path = resolve_in_folder(lifecycle.models_dir, source)  # 422 outside the folder
     try:
-        sha256 = await anyio.to_thread.run_sync(_hash_file, path)
-    except OSError:
+        sha256 = await anyio.to_thread.run_sync(sha256_of_path, path)
+    except ModelLoadError:
         raise InvalidRequest(
             f"no GGUF file {source!r} in the models folder (registry.models_dir)", param="from"
         ) from None
     return {"path": source, "sha256": sha256}
-
-
-def _hash_file(path: Path) -> str:
-    with path.open("rb") as file:
-        return sha256_of(file)
 
 
 def _blob_fields(files: dict[str, str], blobs: BlobStore) -> dict[str, object]:
