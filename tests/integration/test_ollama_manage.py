@@ -8,6 +8,7 @@ input gets Ollama's `{"error"}` with the right status."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,11 @@ class Served:
     def http(self, key: str | None = ADMIN_KEY) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=300)
+
+    def admin_changes(self) -> list[tuple[str, str]]:
+        lines = (self.folder / "audit.jsonl").read_text(encoding="utf-8").splitlines()
+        events = [json.loads(line) for line in lines]
+        return [(e["action"], e["target"]) for e in events if e["event"] == "admin_change"]
 
     def manifest_entries(self) -> dict[str, dict]:
         data = yaml.safe_load(self.manifest.read_text(encoding="utf-8"))
@@ -92,6 +98,7 @@ def served(tmp_path_factory, smollm2_model_path) -> Iterator[Served]:
             "max_resident_models": 2,
         },
         auth={"api_keys": keys},
+        audit={"enabled": True, "path": str(folder / "audit.jsonl")},
         scheduler={"max_num_seqs": 2, "prefix_cache": {"slots": 1}},
         runtime={"workers": 1, "n_threads": 1},
     )
@@ -176,9 +183,14 @@ def _create_copy_show_delete(served: Served, client: ollama.Client) -> None:
     assert entries["parrot"]["system"] == SYSTEM and entries["terse"]["system"] == "Be terse."
     assert entries["terse"]["path"] == "models/smollm2.gguf"
     assert entries["smollm2"]["default"] is True
+    changes = served.admin_changes()
+    assert ("model.blob_upload", digest) in changes
+    assert {("model.create", "pirate"), ("model.create", "terse")} <= set(changes)
+    assert ("model.copy", "parrot") in changes
 
     assert client.delete("terse").status == "success"
     assert "terse" not in served.manifest_entries()
+    assert ("model.delete", "terse") in served.admin_changes()
     with pytest.raises(ollama.ResponseError) as missing:
         client.delete("terse")
     assert missing.value.status_code == 404 and missing.value.error == "model 'terse' not found"
