@@ -18,7 +18,7 @@ import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
@@ -53,6 +53,8 @@ class AdminModelRequest(BaseModel):
     n_batch: int | None = None
     threads: int | None = None
     chat_template: str | None = None
+    system: str | None = None  # Ollama: the model's system prompt
+    parameters: dict[str, JsonValue] | None = None  # Ollama: its default options
 
     def entry(self) -> ManifestEntry:
         """The fields given, as a manifest entry. Raises InvalidRequest naming a bad one."""
