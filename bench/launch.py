@@ -1,9 +1,17 @@
 """Start a server for a benchmark and wait until it answers: `inferflux serve`, or any
-command (`start_process`, used by bench/compare for llama-server and llama-cpp-python)."""
+command (`start_process`, used by bench/compare for llama-server and llama-cpp-python).
+
+Every server runs in a process group of its own, and the groups still alive are killed
+when the benchmark exits, however it ends (normally, Ctrl-C, SIGTERM): an orphaned
+multi-GB server must never outlive its benchmark.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +20,31 @@ from pathlib import Path
 import httpx
 
 INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the server and everything it started (its workers)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    _LIVE.discard(proc)
+
+
+def _kill_live_groups() -> None:
+    for proc in list(_LIVE):
+        kill_group(proc)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # runs the atexit handler below
+
+
+atexit.register(_kill_live_groups)
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 def start_process(
@@ -25,7 +58,10 @@ def start_process(
     Kills it and exits if it dies or is not ready within `timeout_s`."""
     with log_path.open("wb") if log_path is not None else open(os.devnull, "wb") as log:
         env = {**os.environ, **(env or {})}
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    _LIVE.add(proc)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -34,8 +70,7 @@ def start_process(
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    proc.kill()
-    proc.wait()
+    kill_group(proc)
     where = f"; see {log_path}" if log_path is not None else ""
     raise SystemExit(f"{argv[0]} did not become ready at {ready_url}{where}")
 

@@ -4,8 +4,9 @@ Runs compare_servers.py (InferFlux vs llama-server vs llama-cpp-python, both tes
 server_vs_engine.py (throughput vs the engine ceiling), agent_trace.py (prefix cache on vs
 off), priority_load.py (mixed priority and overload), responses_ws.py (the Responses API's
 tool-call loop over HTTP and WebSocket), grpc_overhead.py (gRPC vs SSE per token, c=1 and
-16) and constrained.py (JSON-schema
-constrained vs free decoding, both test models). Each starts its own servers. Run on a
+16), constrained.py (JSON-schema
+constrained vs free decoding, both test models) and dry_json.py (the contract corpus's
+schema-valid rate with and without DRY). Each starts its own servers. Run on a
 quiet machine; append the figures to BENCHMARKS.md by hand with the machine description.
 """
 
@@ -31,6 +32,13 @@ RUNS = [
         str(RESULTS / "constrained.json"),
         "--markdown",
         str(RESULTS / "constrained.md"),
+    ],
+    [
+        "dry_json.py",
+        "--json",
+        str(RESULTS / "dry_json.json"),
+        "--markdown",
+        str(RESULTS / "dry_json.md"),
     ],
 ]
 

@@ -114,6 +114,8 @@ def _item_table(path: tuple[str, ...], model: type[BaseModel]) -> list[str]:
 def _type_name(ann: object) -> str:
     if ann is type(None):
         return "null"
+    if typing.get_origin(ann) is typing.Annotated:  # a constrained type: its base
+        return _type_name(typing.get_args(ann)[0])
     if typing.get_origin(ann) is typing.Literal:
         return " | ".join(json.dumps(arg) for arg in typing.get_args(ann))
     if typing.get_origin(ann) in (typing.Union, types.UnionType):

@@ -18,6 +18,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
     ├── Conflict                        409 conflict (an admin change that clashes, ...)
+    │   └── RestartRequired             409 restart_required (a setting only a restart changes)
     ├── Unprocessable                   422 unprocessable (well-formed admin input that names
     │                                   something unknown or unusable: a tenant, a tier, ...)
     ├── ServiceUnavailable              503 service_unavailable
@@ -30,7 +31,8 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
     │   ├── ModelFileNotFound           404 model_file_not_found (no such regular file)
-    │   └── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
+    │   ├── ModelVerificationFailed     422 model_verification_failed (SHA-256, signature, path)
+    │   └── QuantizationRefused         422 quantization_refused (not a higher-precision file)
     └── ConfigError                     invalid configuration (startup: exit non-zero)
         └── PolicyStoreError            the policy store cannot be read (startup: exit non-zero)
 """
@@ -196,6 +198,12 @@ class Conflict(InferfluxError):
     code = "conflict"
 
 
+class RestartRequired(Conflict):
+    """PATCH /v1/admin/config named a setting that only takes effect at startup."""
+
+    code = "restart_required"
+
+
 class ServiceUnavailable(InferfluxError):
     """The server cannot take the request now; the client may retry."""
 
@@ -267,6 +275,15 @@ class ModelVerificationFailed(ModelLoadError):
     http_status = 422
     error_type = "invalid_request_error"
     code = "model_verification_failed"
+
+
+class QuantizationRefused(ModelLoadError):
+    """A model cannot be quantized to the level asked: the file is not of higher precision
+    (only F32, F16, BF16 and Q8_0 files are quantized down)."""
+
+    http_status = 422
+    error_type = "invalid_request_error"
+    code = "quantization_refused"
 
 
 class ConfigError(InferfluxError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from llguidance import LLMatcher
 
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
@@ -124,6 +125,9 @@ class FakeEngineClient:
     num_cached_tokens: int = 0
     stopped: bool = False
     step_observers: list[Callable[[int, StepStats], None]] = field(default_factory=list)
+    reconfigured: list[tuple[SchedulerSettings, ObservabilitySettings]] = field(
+        default_factory=list
+    )
 
     async def start(self) -> None:
         self.started = True
@@ -198,6 +202,11 @@ class FakeEngineClient:
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self.step_observers.append(observer)
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None:
+        self.reconfigured.append((scheduler, observability))
 
     def emit_step(self, step: StepStats, worker_id: int = 0) -> None:
         """Deliver `step` to the observers, as the receive loop of the real client does."""

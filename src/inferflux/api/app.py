@@ -38,6 +38,7 @@ from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
+from inferflux.api.live_config import LiveConfig
 from inferflux.api.lmstudio import models as lmstudio_models
 from inferflux.api.lmstudio import routes as lmstudio_routes
 from inferflux.api.middleware import (
@@ -56,6 +57,7 @@ from inferflux.api.ollama import embed as ollama_embed
 from inferflux.api.ollama import generate as ollama_generate
 from inferflux.api.ollama import manage as ollama_manage
 from inferflux.api.ollama import models as ollama_models
+from inferflux.api.ollama import pull as ollama_pull
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
@@ -112,6 +114,7 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (ollama_models.router, Scope.READ),
     (ollama_manage.router, Scope.ADMIN),
     (ollama_blobs.router, Scope.ADMIN),
+    (ollama_pull.router, Scope.ADMIN),
     (admin.router, Scope.ADMIN),
     (admin_models.router, Scope.ADMIN),
     (admin_adapters.router, Scope.ADAPTER_MANAGER),
@@ -177,7 +180,10 @@ def create_app(
         max_bytes=responses.max_stored_bytes,
         ttl_s=responses.ttl_s,
     )
-    attach_state(app, AppState(settings, telemetry, access, layer, models, generation, stored))
+    live = LiveConfig(settings, models)
+    attach_state(
+        app, AppState(settings, telemetry, access, layer, models, generation, stored, live)
+    )
     install_error_handlers(app)
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])

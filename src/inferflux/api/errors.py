@@ -30,7 +30,14 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflux.errors import InferfluxError, InvalidRequest, QueueTimeout, ServiceUnavailable
+from inferflux.config.policy_schema import UNUSABLE
+from inferflux.errors import (
+    InferfluxError,
+    InvalidRequest,
+    QueueTimeout,
+    ServiceUnavailable,
+    Unprocessable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +114,21 @@ def error_response(exc: InferfluxError, path: str = "") -> Response:
     )
 
 
-def invalid_request_from(errors: Sequence[ErrorDetails] | Sequence[Any]) -> InvalidRequest:
-    """A 400 naming the most specific failing field of a pydantic/FastAPI error list.
+def invalid_request_from(
+    errors: Sequence[ErrorDetails] | Sequence[Any],
+) -> InvalidRequest | Unprocessable:
+    """A 400 naming the most specific failing field of a pydantic/FastAPI error list, or a
+    422 when every error is a well-formed value the policy cannot use (`UNUSABLE`, e.g. a
+    blocklist pattern RE2 cannot run).
 
     `Any`: FastAPI's RequestValidationError.errors() is typed as a sequence of Any.
     """
     if not errors:
         return InvalidRequest("the request body is invalid")
+    malformed = [err for err in errors if err["type"] != UNUSABLE]
+    if not malformed:
+        return Unprocessable(errors[0]["msg"], param=_param_of(errors[0]["loc"]))
+    errors = malformed
     ranked = [(_param_of(err["loc"]), err) for err in errors]
     depth = max(len(param or "") for param, _ in ranked)
     param, first = next((p, e) for p, e in ranked if len(p or "") == depth)

@@ -130,7 +130,7 @@ class GuardedEngine(WrappingEngine):
         if scanner is not None and scanner.redacts and request.sampling.logprobs is not None:
             # NOTE: token logprobs would show the text that redaction hides.
             raise InvalidRequest(
-                "logprobs are not available while output redaction (guardrails.pii: redact) is on",
+                "logprobs are not available while output redaction (pii_action: redact) is on",
                 param="logprobs",
             )
         return scanner

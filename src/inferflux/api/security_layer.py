@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
@@ -31,6 +32,7 @@ from inferflux.security.live_policy import LivePolicy, build_live_policy
 from inferflux.security.oidc import OidcVerifier
 from inferflux.security.policy import Policy, PolicySource, StaticPolicySource
 from inferflux.security.policy_store import PolicyStore
+from inferflux.security.policy_witness import FileWitness, RedisWitness, VersionWitness
 from inferflux.security.principal import Scope
 from inferflux.security.rate_limit import (
     RateLimiter,
@@ -75,12 +77,23 @@ def build_security(
     pepper = auth.pepper.get_secret_value() if auth.pepper is not None else None
     digester = KeyDigester(pepper)
     roles = roles_table(auth.roles)
-    policy = build_live_policy(
-        auth, base if base is not None else base_policy(settings), digester, roles, store
-    )
+    base = base if base is not None else base_policy(settings)
+    policy = build_live_policy(auth, base, digester, roles, store, policy_witnesses(settings))
     oidc = OidcVerifier(auth.oidc) if auth.oidc.issuer is not None else None
     authenticator = Authenticator(policy, digester, roles=roles, oidc=oidc, configured=auth.enabled)
     return SecurityState(policy=policy, authenticator=authenticator, digester=digester, roles=roles)
+
+
+def policy_witnesses(settings: Settings) -> list[VersionWitness]:
+    """Where the policy store's versions are recorded: its sidecar file, and Redis when
+    `redis.url` is set (rollback detection, security/policy_witness.py)."""
+    if settings.auth.policy_store is None:
+        return []
+    witnesses: list[VersionWitness] = [FileWitness(Path(settings.auth.policy_store))]
+    if settings.redis.url is not None:
+        url = settings.redis.url.get_secret_value()
+        witnesses.append(RedisWitness(url, prefix="inferflux", timeout_s=settings.redis.timeout_s))
+    return witnesses
 
 
 def public_paths(settings: Settings) -> frozenset[str]:

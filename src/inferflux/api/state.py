@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from starlette.types import ASGIApp
 
 from inferflux.api.generation.service import GenerationService
+from inferflux.api.live_config import LiveConfig
 from inferflux.api.response_store import ResponseStore
 from inferflux.api.security_layer import SecurityLayer, SecurityState
 from inferflux.api.telemetry import Telemetry
@@ -41,6 +42,7 @@ class AppState:
     models: ModelHub
     generation: GenerationService
     responses: ResponseStore  # the Responses API's stored responses
+    live_config: LiveConfig  # GET/PATCH /v1/admin/config
     engine_start_error: str | None = None
     request_shutdown: Callable[[], None] | None = None
     draining: Callable[[], bool] | None = None

@@ -61,7 +61,11 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (server.port).")] = None,
     model: Annotated[
-        str | None, typer.Option(help="GGUF file to serve (model.path). Default: SmolLM2-135M.")
+        str | None,
+        typer.Option(
+            help="GGUF file to serve, or a URL: hf://ORG/REPO/FILE.gguf@REV, https://… "
+            "(model.path). Default: SmolLM2-135M."
+        ),
     ] = None,
     model_id: Annotated[
         str | None, typer.Option(help="Model id clients send as `model` (model.id).")
@@ -89,6 +93,13 @@ def serve(
             help="Also serve the gRPC API (inferflux.v1) on this port (server.grpc_port)."
         ),
     ] = None,
+    accept_policy_rollback: Annotated[
+        bool,
+        typer.Option(
+            "--accept-policy-rollback",
+            help="Load a policy store older than one written before (a restored backup).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a GGUF model over the OpenAI API. Flags override env vars and the config file."""
     overrides = {
@@ -101,6 +112,7 @@ def serve(
         "registry.path": registry,
         "runtime.workers": workers,
         "runtime.in_process": True if in_process else None,
+        "auth.policy_accept_rollback": True if accept_policy_rollback else None,
     }
     try:
         settings = load_settings(config, overrides=overrides)

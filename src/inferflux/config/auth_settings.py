@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from inferflux.config.policy_schema import NAME_PATTERN, LimitFields
+
 ScopeName = Literal["admin", "read", "generate", "adapter-manager"]
 PriorityName = Literal["high", "normal", "low"]
 # Asymmetric JWS algorithms only: `none` and HS* (a shared secret, or worse the public key
@@ -26,7 +28,6 @@ PriorityName = Literal["high", "normal", "low"]
 JwtAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384"]
 
 DEFAULT_ALGORITHMS: tuple[JwtAlgorithm, ...] = ("RS256", "ES256")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MIN_PASSPHRASE_CHARS = 12
 
@@ -42,19 +43,8 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class _Limits(_Section):
-    requests_per_minute: int | None = Field(
-        None, ge=1, le=10_000_000, description="Requests per minute. Unset: no limit."
-    )
-    tokens_per_minute: int | None = Field(
-        None,
-        ge=1,
-        le=10_000_000_000,
-        description="Prompt plus completion tokens per minute. Unset: no limit.",
-    )
-    max_concurrent: int | None = Field(
-        None, ge=1, le=100_000, description="Requests in flight at once. Unset: no limit."
-    )
+class _Limits(_Section, LimitFields):
+    """A key's or tenant's own limits (`LimitFields`), flat in its entry."""
 
 
 class ApiKeySettings(_Limits):
@@ -248,6 +238,12 @@ class AuthSettings(_Section):
         None,
         description="Passphrase of the policy store. Environment only "
         "(INFERFLUX_POLICY_PASSPHRASE); refused in a config file.",
+    )
+    policy_accept_rollback: bool = Field(
+        False,
+        description="Load a policy store older than one written before (a restored "
+        "backup) instead of refusing to start. For one start only: it resets the "
+        "recorded version.",
     )
 
     @property

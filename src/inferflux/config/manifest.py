@@ -21,6 +21,12 @@ The manifest is YAML: a list of entries (what `inferctl pull` writes to
         system: You are a terse assistant.       # Ollama: the model's system prompt
         parameters: {temperature: 0.2, stop: ["###"]}  # Ollama: default options
         signature: 3q2+...                       # optional: ed25519, base64
+      - id: tiny
+        path: hf://acme/tiny-GGUF/tiny.f16.gguf@main  # a URL: downloaded once (models/download.py)
+        quantization: Q8_0                       # optional: quantized once (models/quantize.py)
+
+`path` may be a URL: `hf://org/repo/file.gguf@revision` (the Hugging Face Hub; `sha256`
+optional, the hub's LFS hash is checked) or `https://…` / `http://…` (`sha256` required).
 
 A signature covers `canonical_entry(entry)`: the entry as written, without `signature`,
 as JSON with sorted keys and no spaces (UTF-8). docs/models.md shows how to sign one.
@@ -31,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -41,6 +47,48 @@ from inferflux.errors import ConfigError
 # ids and aliases travel in URLs (/v1/models/{id}) and Ollama names (`id:latest`): no ':'.
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$"
 SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+# A model path that is a URL (models/download.py fetches it); `HF_URL_SCHEME` needs no sha256.
+HF_URL_SCHEME = "hf://"
+URL_SCHEMES = (HF_URL_SCHEME, "https://", "http://")
+HF_URL_PATTERN = r"hf://[^/@\s]+/[^/@\s]+/[^@\s]+\.gguf(@[^@/\s]+)?"
+# The levels `quantization` accepts (llama.cpp ftype names; models/quantize.py maps them).
+QuantizationLevel = Literal[
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16",
+]  # fmt: skip
+QUANTIZATION_LEVELS: tuple[str, ...] = get_args(QuantizationLevel)
+
+
+def is_model_url(path: str) -> bool:
+    """True for a model path that names a URL to download (hf://, https://, http://)."""
+    return path.startswith(URL_SCHEMES)
+
+
+def check_hf_url(url: str, where: str) -> None:
+    """`hf://ORG/REPO/FILE.gguf[@REVISION]` with no empty, `.` or `..` part (the file lands
+    at `models_dir/ORG/REPO/FILE.gguf`). Raises ValueError naming `where` otherwise."""
+    parts = url.removeprefix(HF_URL_SCHEME).partition("@")[0].split("/")
+    if re.fullmatch(HF_URL_PATTERN, url) is None or {"", ".", ".."} & set(parts):
+        raise ValueError(
+            f"{where} {url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION] (no empty, . or .. "
+            "parts)"
+        )
+
+
+def check_model_url(path: str | None, sha256: str | None, where: str) -> None:
+    """A hf:// URL must name a .gguf file; an http(s) model URL needs its SHA-256. Raises
+    ValueError naming `where` otherwise."""
+    if path is None or not is_model_url(path):
+        return
+    if path.startswith(HF_URL_SCHEME):
+        check_hf_url(path, where)
+    elif sha256 is None:
+        raise ValueError(
+            f"{where} {path!r} is an http(s) URL: set its sha256 (64 hex digits) so the "
+            "download can be verified"
+        )
+
+
 _INT32_MAX = 2**31 - 1
 
 
@@ -76,8 +124,22 @@ class ManifestEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=MODEL_NAME_PATTERN, description="The name clients send as `model`.")
-    path: str = Field(min_length=1, max_length=4096, description="GGUF file, in models_dir.")
-    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 of the file (hex).")
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="GGUF file in models_dir, or a URL: hf://org/repo/file.gguf@rev, https://…",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 of the file (hex). Required, except for an hf:// URL (the hub's "
+        "LFS hash is checked then).",
+    )
+    quantization: QuantizationLevel | None = Field(
+        None,
+        description="Quantize the file to this level (once, cached in models_dir) and serve "
+        "the result. Only F32/F16/BF16/Q8_0 files are quantized down.",
+    )
     aliases: tuple[str, ...] = Field(
         (), max_length=32, description="Other names that route to this model."
     )
@@ -108,6 +170,11 @@ class ManifestEntry(BaseModel):
 
     @model_validator(mode="after")
     def _check_aliases(self) -> Self:
+        check_model_url(self.path, self.sha256, "path")
+        if self.sha256 is None and not self.path.startswith(HF_URL_SCHEME):
+            raise ValueError(
+                "sha256 is required (64 hex digits), except for an hf:// URL in `path`"
+            )
         for alias in self.aliases:
             if not _valid_name(alias):
                 raise ValueError(f"alias {alias!r} must match {MODEL_NAME_PATTERN}")

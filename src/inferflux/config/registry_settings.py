@@ -4,7 +4,11 @@ entries (docs/models.md). Part of `Settings` (settings.py)."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inferflux.config.manifest import MODEL_NAME_PATTERN, check_hf_url
 
 
 class RegistrySettings(BaseModel):
@@ -57,6 +61,21 @@ class RegistrySettings(BaseModel):
     require_signatures: bool = Field(
         False, description="Refuse manifest and admin-API models that carry no signature."
     )
+    pull_sources: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=1024,
+        description="Ollama `/api/pull` names → hf:// URLs (`smollm2: hf://org/repo/f.gguf@main`). "
+        "Names of the form hf.co/org/repo[:FILE] need no entry.",
+    )
+
+    @field_validator("pull_sources")
+    @classmethod
+    def _check_pull_sources(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if re.fullmatch(MODEL_NAME_PATTERN, name) is None:
+                raise ValueError(f"pull_sources: the name {name!r} must match {MODEL_NAME_PATTERN}")
+            check_hf_url(url, f"pull_sources[{name!r}] =")
+        return value
 
     @field_validator("public_keys", mode="before")
     @classmethod

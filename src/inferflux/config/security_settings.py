@@ -8,29 +8,15 @@ and the loader never quotes them in an error.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-import re2
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from inferflux.config.policy_schema import GuardrailRules, LimitFields, Name
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def re2_error(pattern: str) -> str | None:
-    """None when RE2 (the guardrails' regex engine: linear time, so no backreferences,
-    lookaround, `\\Z`...) compiles `pattern`, else why not. The config file and the admin
-    API check blocklist patterns with this one function, so they cannot drift."""
-    options = re2.Options()
-    options.log_errors = False
-    try:
-        re2.compile(pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0] if exc.args else exc
-        return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
-    return None
 
 
 class RedisSettings(_Section):
@@ -65,50 +51,16 @@ class RedisSettings(_Section):
         return value
 
 
-class LimitSettings(_Section):
-    """Limits of one tier (or the default). Unset (null) = unlimited."""
+class RateLimitSettings(_Section, LimitFields):
+    """`requests_per_minute`, `tokens_per_minute`, `max_concurrent` here are the defaults
+    of each key (or subject) without limits of its own, its tenant's or its tier's."""
 
-    requests_per_minute: int | None = Field(
-        None, ge=1, le=10_000_000, description="Requests per minute (burst: a whole minute's)."
-    )
-    tokens_per_minute: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000_000,
-        description="Prompt plus completion tokens per minute.",
-    )
-    max_concurrent: int | None = Field(
-        None, ge=1, le=100_000, description="Requests being answered at once."
-    )
-
-
-class RateLimitSettings(_Section):
     enabled: bool = Field(
         True,
         description="Enforce the limits of the policy (keys, tenants, tiers, the defaults "
         "below). With every limit unset nothing is limited either way.",
     )
-    requests_per_minute: int | None = Field(
-        None,
-        ge=1,
-        le=10_000_000,
-        description="Default requests per minute of each key (or subject) without limits "
-        "of its own or of its tier. Unset: unlimited.",
-    )
-    tokens_per_minute: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000_000,
-        description="Default tokens (prompt + completion) per minute of each key. Unset: "
-        "unlimited.",
-    )
-    max_concurrent: int | None = Field(
-        None,
-        ge=1,
-        le=100_000,
-        description="Default requests in flight at once per key. Unset: unlimited.",
-    )
-    tiers: dict[str, LimitSettings] = Field(
+    tiers: dict[Name, LimitFields] = Field(
         default_factory=dict,
         description="Named limit sets (YAML mapping: tier name → requests_per_minute, "
         "tokens_per_minute, max_concurrent) that keys select with their rate_limit_tier.",
@@ -133,14 +85,6 @@ class RateLimitSettings(_Section):
         description="In Redis, a request's concurrency slot expires after this long even "
         "if its replica died without releasing it.",
     )
-
-    @field_validator("tiers")
-    @classmethod
-    def _tier_names(cls, tiers: dict[str, LimitSettings]) -> dict[str, LimitSettings]:
-        for name in tiers:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-                raise ValueError(f"tier name {name!r}: use 1-64 letters, digits, _ . -")
-        return tiers
 
 
 class AuditSettings(_Section):
@@ -183,34 +127,13 @@ class AuditSettings(_Section):
     )
 
 
-class GuardrailSettings(_Section):
-    blocklist: list[str] = Field(
-        default_factory=list,
-        description="Words and phrases refused in prompts and outputs (case-insensitive, "
-        "whole words).",
-    )
-    blocklist_regex: list[str] = Field(
-        default_factory=list,
-        description="Patterns refused in prompts and outputs (RE2 syntax: linear time, no "
-        "backreferences or lookaround).",
-    )
-    pii: Literal["off", "redact", "block"] = Field(
-        "off",
-        description="Emails, phone numbers, card numbers (Luhn) and IBANs (mod 97): `redact` "
-        "replaces them with [REDACTED_<KIND>] in prompts and outputs, `block` refuses them.",
-    )
-    opa_endpoint: str | None = Field(
-        None,
-        description="OPA Data API URL of a decision, e.g. "
-        "`http://127.0.0.1:8181/v1/data/inferflux/allow`. Unset: no OPA decision.",
-    )
+class GuardrailSettings(_Section, GuardrailRules):
+    """The rules (`GuardrailRules`: blocklist, blocklist_regex, pii_action, opa_endpoint,
+    opa_fail_open) seed the policy; the admin API changes them at runtime. The rest is
+    how they run."""
+
     opa_timeout_s: float = Field(
         0.2, gt=0, le=30, description="Timeout of one OPA decision request."
-    )
-    opa_fail_open: bool = Field(
-        False,
-        description="Allow requests when OPA is unreachable or answers nonsense. Default: "
-        "refuse them with 503 policy_unavailable (fail closed).",
     )
     opa_input: Literal["hash", "text"] = Field(
         "hash",
@@ -225,27 +148,3 @@ class GuardrailSettings(_Section):
         "across two deltas is still caught (the longest match that can be caught across "
         "a split).",
     )
-
-    @field_validator("blocklist")
-    @classmethod
-    def _words(cls, words: list[str]) -> list[str]:
-        for word in words:
-            if not word.strip() or len(word) > 256:
-                raise ValueError(f"blocklist entry {word!r}: use 1-256 non-blank characters")
-        return words
-
-    @field_validator("blocklist_regex")
-    @classmethod
-    def _patterns(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            reason = re2_error(pattern)
-            if reason is not None:
-                raise ValueError(f"pattern {pattern!r} is not valid RE2: {reason}")
-        return patterns
-
-    @field_validator("opa_endpoint")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value

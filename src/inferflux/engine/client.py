@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from inferflux.config.settings import Settings
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.frames import FrameReader
 from inferflux.engine.messages import (
     AbortRequests,
@@ -39,6 +39,7 @@ from inferflux.engine.messages import (
     EmbedResult,
     EngineStats,
     FinishReason,
+    Reconfigure,
     RequestDelta,
     Shutdown,
     StepOutputs,
@@ -106,6 +107,8 @@ class WorkerPoolClient:
         self._closing = False
         self._backpressure = False
         self._step_observers: list[Callable[[int, StepStats], None]] = []
+        self._n_batch = settings.scheduler.max_batch_tokens  # the contexts' batch, for good
+        self._reconfigured = False  # a live change happened: workers get it once ready
 
     # -- EngineClient -----------------------------------------------------------------
     @property
@@ -250,6 +253,31 @@ class WorkerPoolClient:
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._step_observers.append(observer)
 
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None:
+        """Live tuning: every ready worker gets the new knobs now, the others once they
+        report ready (a restarted one too). The step budget stays within the batch the
+        contexts were made with."""
+        budget = min(scheduler.max_batch_tokens, self._n_batch)
+        own = scheduler.model_copy(update={"max_batch_tokens": budget})
+        self.settings = self.settings.model_copy(
+            update={"scheduler": own, "observability": observability}
+        )
+        self._reconfigured = True
+        for worker in self._workers:
+            if worker.ready:
+                self._push_settings(worker)
+
+    def _push_settings(self, worker: _Worker) -> None:
+        message = Reconfigure(
+            scheduler=self.settings.scheduler.model_dump(mode="json"),
+            observability=self.settings.observability.model_dump(mode="json"),
+        )
+        if worker.socket is not None:
+            with contextlib.suppress(zmq.ZMQError):  # gone: it restarts and gets them then
+                worker.socket.send(encode(message), zmq.NOBLOCK)
+
     # -- routing and dispatch -------------------------------------------------------------
     def _pick_worker(self) -> _Worker:
         ready = [w for w in self._workers if w.ready]
@@ -297,6 +325,8 @@ class WorkerPoolClient:
             worker.ready, worker.pid, worker.failed = True, message.pid, None
             worker.load_s = message.load_s
             logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
+            if self._reconfigured:
+                self._push_settings(worker)
         elif isinstance(message, WorkerFailed):
             worker.failed = message.message
         elif isinstance(message, EmbedResult):
@@ -432,8 +462,9 @@ class WorkerPoolClient:
         return os.path.join(self._ipc_dir, "out.sock")
 
     def _worker_config(self, worker: _Worker, input_address: str) -> WorkerConfig:
+        scheduler = self.settings.scheduler.model_copy(update={"max_batch_tokens": self._n_batch})
         return worker_config(
-            self.settings,
+            self.settings.model_copy(update={"scheduler": scheduler}),
             self.model_info,
             worker_id=worker.worker_id,
             generation=worker.generation,

@@ -11,7 +11,7 @@ Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`, `EmbedResult`.
 from __future__ import annotations
 
 import enum
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 
@@ -115,6 +115,14 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     """Abort everything and exit the worker loop."""
 
 
+class Reconfigure(msgspec.Struct, tag="reconfigure", kw_only=True):
+    """Live tuning (PATCH /v1/admin/config): the `scheduler` and `observability` settings
+    sections as JSON, validated again by the worker with the config schema."""
+
+    scheduler: dict[str, Any]
+    observability: dict[str, Any]
+
+
 class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
     """Embed each token list (one pooled vector per input). `AbortRequests` with this
     `request_id` drops it; the answer is one `EmbedResult`."""
@@ -124,7 +132,7 @@ class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
     normalize: bool = True  # L2-normalize each vector
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown | EmbedRequest
+EngineInput = AddRequest | AbortRequests | Shutdown | EmbedRequest | Reconfigure
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

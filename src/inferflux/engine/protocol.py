@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, StepStats
 
 
@@ -160,4 +161,12 @@ class EngineClient(Protocol):
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         """Call `observer(worker_id, stats)` on the event loop for every `StepStats` a
         worker sends (metrics, /debug phases). Observers must be quick and not raise."""
+        ...
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None:
+        """Live tuning (PATCH /v1/admin/config): apply the new scheduler knobs and log
+        policy to every worker, now and after restarts. The step budget never exceeds the
+        batch the contexts were made with."""
         ...

@@ -37,6 +37,7 @@ from inferflux.engine.messages import (
     EmbedRequest,
     EmbedResult,
     EngineOutput,
+    Reconfigure,
     RequestDelta,
     Shutdown,
     StepOutputs,
@@ -50,7 +51,7 @@ from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
 from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
-from inferflux.observability.logging import configure_logging
+from inferflux.observability.logging import configure_logging, update_log_policy
 from inferflux.observability.tracing import get_tracer, make_tracer_provider
 from inferflux.scheduler import Scheduler
 from inferflux.scheduler.prefix_cache import PrefixCache
@@ -396,9 +397,25 @@ class _WorkerLoop:
                 self.embeds.abort(message.request_ids)
             elif isinstance(message, EmbedRequest):
                 self._send_embeddings(self.embeds.add(message))
+            elif isinstance(message, Reconfigure):
+                self._reconfigure(message)
             elif isinstance(message, Shutdown):
                 deltas.extend(self.core.abort_requests(self.core.request_ids()))
                 return True
+
+    def _reconfigure(self, message: Reconfigure) -> None:
+        """Live tuning: the scheduler's knobs, the step budget (never above the context's
+        batch), the stream interval, the embedding share and the log policy."""
+        scheduling = SchedulerSettings.model_validate(message.scheduler)
+        budget = min(scheduling.max_batch_tokens, self.config.context.n_batch)
+        self.config = dataclasses.replace(
+            self.config, scheduling=scheduling, max_batch_tokens=budget
+        )
+        self.core.scheduler.policy = scheduling_policy(scheduling)
+        self.core.scheduler.max_batch_tokens = budget
+        self.stream.interval = scheduling.stream_interval
+        update_log_policy(ObservabilitySettings.model_validate(message.observability))
+        logger.info("worker %d: settings changed at runtime", self.config.worker_id)
 
     def _send(self, deltas: list[RequestDelta]) -> None:
         """One StepOutputs with these deltas and the step stats since the last one; nothing

@@ -17,6 +17,7 @@ from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.errors import ConfigError, ModelLoadError
 from inferflux.models.files import resolve_model_path
+from inferflux.models.materialize import prepare_settings
 from inferflux.models.spec import ModelSpec, spec_from_entry, spec_from_settings
 
 
@@ -69,7 +70,7 @@ def manifest_catalog(settings: Settings) -> Catalog:
     specs = []
     for entry in manifest.models:
         try:
-            specs.append(spec_from_entry(entry, folder, verifier, "manifest"))
+            specs.append(spec_from_entry(entry, folder, verifier, "manifest", fetch=True))
         except ModelLoadError as exc:
             raise type(exc)(f"model manifest {manifest_path}: {exc.message}") from None
     default = next(spec for spec in specs if spec.model_id == default_id)
@@ -86,7 +87,9 @@ def manifest_catalog(settings: Settings) -> Catalog:
 
 def catalog_from_settings(settings: Settings) -> Catalog:
     """The catalog `inferflux serve` starts with: the manifest's when registry.path is set,
-    else the one model of the `model` section. Raises ConfigError, ModelLoadError."""
+    else the one model of the `model` section. A URL is downloaded and a `quantization`
+    made first (blocking, logged). Raises ConfigError, ModelLoadError."""
     if settings.registry.path is not None:
         return manifest_catalog(settings)
+    settings = prepare_settings(settings, lambda _: resolve_model_path(settings))
     return single_model_catalog(settings, resolve_model_path(settings))

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry, canonical_entry
 from inferflux.config.registry_settings import RegistrySettings
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.errors import InferfluxError
@@ -25,6 +25,7 @@ from inferflux.models.catalog import Catalog
 from inferflux.models.lifecycle import Lifecycle
 from inferflux.models.loader import ModelLoader
 from inferflux.models.manifest_watch import ManifestWatcher
+from inferflux.models.materialize import entry_file, needs_preparation
 from inferflux.models.names import NameTable
 from inferflux.models.protocol import LifecycleResult, ModelState, ModelView
 from inferflux.models.residency import Residency
@@ -49,7 +50,8 @@ class ModelHub:
     ) -> None:
         """`default` is the catalog's default model, built but not started (`start`)."""
         self._settings = settings
-        self.models_dir = catalog.models_dir
+        self.models_dir = catalog.models_dir  # where URL models download, quantized ones go
+        self._verifier = catalog.verifier
         self.names = NameTable(default.spec, catalog.others)
         self.residency = Residency(settings, default)
         self.lifecycle = Lifecycle(catalog, self.names, self.residency, loader)
@@ -140,6 +142,8 @@ class ModelHub:
         await self.residency.shutdown()
 
     async def load(self, entry: ManifestEntry | str) -> LifecycleResult:
+        if isinstance(entry, ManifestEntry):
+            await self.prepare(entry)
         return await self.lifecycle.load(entry)
 
     async def unload(self, model_id: str, *, forget: bool = False) -> LifecycleResult:
@@ -149,19 +153,51 @@ class ModelHub:
         return await self.lifecycle.load_adapter(entry, replace=replace)
 
     async def swap(self, entry: ManifestEntry) -> LifecycleResult:
+        await self.prepare(entry)
         return await self.lifecycle.swap(entry)
 
     async def set_default(self, model_id: str) -> LifecycleResult:
         return await self.lifecycle.set_default(model_id)
 
     async def sync_manifest(self, manifest: Manifest) -> None:
+        await self._prepare_changed(manifest)
         await self.lifecycle.sync_manifest(manifest)
+
+    async def _prepare_changed(self, manifest: Manifest) -> None:
+        for entry in manifest.models:
+            if entry != self.lifecycle.applied.get(entry.id):
+                with contextlib.suppress(InferfluxError):  # logged; the sync records it
+                    await self.prepare(entry)
+
+    async def _follow_manifest(self, watcher: ManifestWatcher) -> None:
+        """Apply the manifest file when it changed, unless this process wrote it after
+        the read began (then the next poll reads it again: a stale read never undoes an
+        admin change written to it)."""
+        num_writes = self.lifecycle.num_writes
+        manifest = await asyncio.to_thread(watcher.poll)
+        if manifest is None:
+            return
+        await self._prepare_changed(manifest)
+        if not await self.lifecycle.sync_manifest(manifest, unless_written_since=num_writes):
+            watcher.reread()
 
     async def register(self, entry: ManifestEntry) -> LifecycleResult:
         return await self.lifecycle.register(entry)
 
     async def entry_of(self, name: str) -> ManifestEntry:
         return await self.lifecycle.entry_of(name)
+
+    async def prepare(self, entry: ManifestEntry) -> None:
+        """Download a URL entry's file and make its `quantization`, on a thread (once:
+        later calls find the files). Raises what models/materialize.py raises, logged."""
+        if not needs_preparation(entry.path, entry.quantization):
+            return
+        try:  # the signature first: an entry refused anyway fetches nothing
+            self._verifier.verify(entry.id, canonical_entry(entry), entry.signature)
+            await asyncio.to_thread(entry_file, entry, self.models_dir, fetch=True)
+        except InferfluxError as exc:
+            logger.error("model %s: %s", entry.id, exc.message)
+            raise
 
     # -- background -----------------------------------------------------------------------
     async def _preload(self) -> None:
@@ -182,7 +218,7 @@ class ModelHub:
                 self._unload_expired()
                 if self._watcher is not None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + poll_s
-                    await self.lifecycle.follow_manifest(self._watcher.poll)
+                    await self._follow_manifest(self._watcher)
             except Exception:  # NOTE: one bad tick must not stop the housekeeping
                 logger.exception("model housekeeping failed")
 

@@ -70,6 +70,7 @@ class Lifecycle:
         self.applied = {e.id: e for e in manifest.models} if manifest is not None else {}
         path = catalog.manifest_path
         self._store = ManifestStore(path) if path is not None else None
+        self.num_writes = 0  # manifest writes so far (a read before one is stale)
 
     # -- first use ------------------------------------------------------------------------
     async def load_registered(self, model_id: str) -> ResidentModel:
@@ -273,8 +274,8 @@ class Lifecycle:
     async def _persist(
         self, result: LifecycleResult, change: Callable[[ManifestStore], Manifest | None]
     ) -> LifecycleResult:
-        """Write `change` to the manifest (lock held) and record what was written as
-        applied. A write that fails is logged; the change in memory stands."""
+        """Write `change` to the manifest (lock held) and record what it wrote as applied.
+        A write that fails is logged; the change in memory stands."""
         store = self._store
         if store is None:
             return result
@@ -283,23 +284,23 @@ class Lifecycle:
         except (OSError, ConfigError, yaml.YAMLError) as exc:
             logger.error("model manifest %s not updated: %s", store.path, exc)
             return dataclasses.replace(result, persisted=False)
+        self.num_writes += 1
         if written is not None:
-            self.applied = {entry.id: entry for entry in written.models}
+            self.applied = _applied_after(self.applied, written, result.model_id)
         return dataclasses.replace(result, persisted=written is not None)
 
     # -- the manifest ---------------------------------------------------------------------
-    async def sync_manifest(self, manifest: Manifest) -> None:
+    async def sync_manifest(
+        self, manifest: Manifest, *, unless_written_since: int | None = None
+    ) -> bool:
+        """Apply `manifest`; with `unless_written_since` (a `num_writes` read before the
+        file was), not when this process wrote the file since: that read may predate the
+        write, and applying it would undo the write. False when skipped (read again)."""
         async with self.lock:
+            if unless_written_since is not None and unless_written_since != self.num_writes:
+                return False
             await self._sync(manifest)
-
-    async def follow_manifest(self, poll: Callable[[], Manifest | None]) -> None:
-        """Read the manifest when it changed (`poll`, on a worker thread) and apply it, with
-        the lock held for both: a read never interleaves with this process's own writes,
-        so a stale read cannot undo one."""
-        async with self.lock:
-            manifest = await asyncio.to_thread(poll)
-            if manifest is not None:
-                await self._sync(manifest)
+            return True
 
     async def _sync(self, manifest: Manifest) -> None:
         wanted = {entry.id: entry for entry in manifest.models}
@@ -341,6 +342,29 @@ class Lifecycle:
         if resident is not None:
             self._residency.retire_later(resident)
         logger.info("manifest: model %s removed", model_id)
+
+
+def _applied_after(
+    applied: dict[str, ManifestEntry], written: Manifest, model_id: str
+) -> dict[str, ManifestEntry]:
+    """What is applied once this process wrote `written` for a change to `model_id`: that
+    entry as written (or gone), and the default flags as written; every other entry as
+    applied before, so an operator's edit the write carried along is still applied by the
+    watch (an entry it added, removed or changed)."""
+    entries = {entry.id: entry for entry in written.models}
+    after = dict(applied)
+    for entry_id, entry in entries.items():
+        old = applied.get(entry_id)
+        if entry_id == model_id or (old is not None and _flag_only(old, entry)):
+            after[entry_id] = entry
+    if model_id not in entries:
+        after.pop(model_id, None)
+    return after
+
+
+def _flag_only(old: ManifestEntry, new: ManifestEntry) -> bool:
+    """`new` is `old` with its default flag moved (set_default, a load with `default`)."""
+    return old.default != new.default and old.model_copy(update={"default": new.default}) == new
 
 
 @contextlib.contextmanager

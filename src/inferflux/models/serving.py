@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inferflux.config.manifest import ModelParameters
-from inferflux.config.settings import Settings
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, RequestDelta, StepStats
@@ -47,6 +47,10 @@ class EngineControl(Protocol):
     def workers(self) -> list[WorkerStatus]: ...
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None: ...
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None: ...
 
 
 class ServedEngine(EngineControl, Protocol):
@@ -88,6 +92,11 @@ class _Forwarding:
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._control.observe_steps(observer)
+
+    async def reconfigure(
+        self, scheduler: SchedulerSettings, observability: ObservabilitySettings
+    ) -> None:
+        await self._control.reconfigure(scheduler, observability)
 
 
 class ClientEngine(_Forwarding):

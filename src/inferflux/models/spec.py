@@ -22,6 +22,7 @@ from inferflux.config.manifest import (
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
 from inferflux.engine.protocol import LoraAdapter
+from inferflux.models.materialize import entry_file
 
 SpecSource = Literal["config", "manifest", "admin"]
 
@@ -67,15 +68,23 @@ def spec_from_settings(settings: Settings, path: Path) -> ModelSpec:
 
 
 def spec_from_entry(
-    entry: ManifestEntry, folder: Path, verifier: SignatureVerifier, source: SpecSource
+    entry: ManifestEntry,
+    folder: Path,
+    verifier: SignatureVerifier,
+    source: SpecSource,
+    *,
+    fetch: bool = False,
 ) -> ModelSpec:
-    """Check the entry's signature and resolve its path inside `folder`. Raises
-    ModelVerificationFailed (bad signature, path escaping the folder)."""
+    """Check the entry's signature (over the entry as written, URL included) and resolve
+    its file inside `folder`: a URL's download, a `quantization`'s output
+    (models/materialize.py; `fetch` True downloads and quantizes now, blocking). Raises
+    ModelVerificationFailed (bad signature, path escaping the folder), ModelLoadError."""
     verifier.verify(entry.id, canonical_entry(entry), entry.signature)
+    local = entry_file(entry, folder, fetch=fetch)
     return ModelSpec(
         model_id=entry.id,
-        path=resolve_in_folder(folder, entry.path),
-        sha256=entry.sha256.lower(),
+        path=local.path,
+        sha256=local.sha256.lower() if local.sha256 else None,
         aliases=entry.aliases,
         is_default=entry.default,
         n_ctx=entry.n_ctx,

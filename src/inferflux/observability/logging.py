@@ -3,8 +3,9 @@ log file, request ids and tenants, per-request sampling, prompt redaction.
 
 Owns the root handlers that every InferFlux logger (and uvicorn's) writes through, the
 `request_id_var` contextvar that the API's request-id middleware sets, `tenant_var` (set
-by the authentication middleware once it exists), `RequestSampler` (keeps the info/debug
-lines of `log_sample_rate` of the requests, per request id, for every tenant alike), and
+by the authentication middleware once it exists), `RequestSampler` (the log level and the
+share of requests whose info/debug lines are kept, server-wide or per tenant, changeable
+at runtime with `update_log_policy`), and
 `redact`, which keeps prompt and output text out of the logs unless
 `observability.debug_prompts` is on, and `UrlSecretRedactor`, which strips the
 credentials and the query string of every URL in every line (an OPA endpoint, a JWKS URL
@@ -123,26 +124,71 @@ class UrlSecretRedactor(logging.Filter):
 
 
 class RequestSampler(logging.Filter):
-    """Keeps the info and debug lines of a `rate` fraction of requests.
+    """Applies the log level and the request sampling, server-wide or per tenant.
 
-    The decision hashes the request id, so a request's lines are kept or dropped together
-    and every tenant is sampled at the same rate. Warnings, errors, and lines logged
-    outside a request are always kept. Run after `RequestIdFilter`.
+    A line of a tenant with its own `tenant_logging` entry is held to that tenant's level
+    and sample rate; any other line to `log_level` and `log_sample_rate` (the root logger
+    is set to the lowest level any tenant asks for, so this filter does the rest).
+    Sampling keeps the info and debug lines of a fraction of requests: the decision
+    hashes the request id, so a request's lines are kept or dropped together. Warnings,
+    errors, and lines logged outside a request are always kept. Run after
+    `RequestIdFilter`. `update` swaps the settings in place (PATCH /v1/admin/config).
     """
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, settings: ObservabilitySettings) -> None:
         super().__init__()
-        self.rate = rate
-        self._threshold = int(rate * 2**32)
+        self.update(settings)
+
+    def update(self, settings: ObservabilitySettings) -> None:
+        default = (_LEVELS[settings.log_level], settings.log_sample_rate)
+        tenants = {
+            name: (
+                _LEVELS[entry.log_level or settings.log_level],
+                settings.log_sample_rate
+                if entry.log_sample_rate is None
+                else entry.log_sample_rate,
+            )
+            for name, entry in settings.tenant_logging.items()
+        }
+        self._default, self._tenants = default, tenants  # two stores; readers see either
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.rate >= 1.0 or record.levelno >= logging.WARNING:
+        level, rate = self._tenants.get(getattr(record, "tenant", None) or "", self._default)
+        if record.levelno < level:
+            return False
+        if rate >= 1.0 or record.levelno >= logging.WARNING:
             return True
         request_id = getattr(record, "request_id", None)
         if not request_id:
             return True
         digest = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
-        return int.from_bytes(digest, "big") < self._threshold
+        return int.from_bytes(digest, "big") < int(rate * 2**32)
+
+
+def lowest_level(settings: ObservabilitySettings) -> int:
+    """The root logger's level: the lowest of `log_level` and every tenant's."""
+    levels = [entry.log_level for entry in settings.tenant_logging.values() if entry.log_level]
+    return min(_LEVELS[name] for name in (settings.log_level, *levels))
+
+
+def update_log_policy(settings: ObservabilitySettings) -> None:
+    """Apply new levels and sample rates to the handlers `configure_logging` installed
+    (live tuning: PATCH /v1/admin/config). Handlers, formats and files stay as they are."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if isinstance(handler, _InferfluxHandler | _InferfluxFileHandler):
+            for sampler in handler.filters:
+                if isinstance(sampler, RequestSampler):
+                    sampler.update(settings)
+    _set_levels(settings)
+
+
+def _set_levels(settings: ObservabilitySettings) -> None:
+    level = lowest_level(settings)
+    logging.getLogger().setLevel(level)
+    chatty = _LEVELS[settings.log_level] <= logging.DEBUG
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if chatty else logging.WARNING)
 
 
 class JsonFormatter(logging.Formatter):
@@ -217,14 +263,9 @@ def configure_logging(
         new.addFilter(RequestIdFilter())
         new.addFilter(AccessQueryRedactor())
         new.addFilter(UrlSecretRedactor())
-        new.addFilter(RequestSampler(settings.log_sample_rate))
+        new.addFilter(RequestSampler(settings))
         root.addHandler(new)
-    level = _LEVELS[settings.log_level]
-    root.setLevel(level)
-    for name in _CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(
-            logging.NOTSET if level <= logging.DEBUG else logging.WARNING
-        )
+    _set_levels(settings)
     for name in UVICORN_LOGGERS:
         uvicorn_logger = logging.getLogger(name)
         uvicorn_logger.handlers.clear()

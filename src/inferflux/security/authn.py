@@ -28,7 +28,8 @@ from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from inferflux.asgi import drain_body
-from inferflux.config.auth_settings import NAME_PATTERN, OidcSettings
+from inferflux.config.auth_settings import OidcSettings
+from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.errors import InferfluxError, InvalidToken, PermissionDenied, Unauthorized
 from inferflux.observability.logging import tenant_var
 from inferflux.security.api_keys import (

@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from inferflux.config.auth_settings import ApiKeySettings, AuthSettings, TenantSettings
 from inferflux.errors import ConfigError, PolicyStoreError, PolicyUnavailable
 from inferflux.security.api_keys import KeyDigester, default_key_id
-from inferflux.security.policy import ApiKeyRecord, Policy, RateLimits, TenantPolicy
+from inferflux.security.policy import (
+    ApiKeyRecord,
+    Policy,
+    RateLimits,
+    TenantPolicy,
+    to_rate_limits,
+)
 from inferflux.security.policy_store import PolicyStore
+from inferflux.security.policy_witness import VersionWitness
 from inferflux.security.principal import Scope
 
 logger = logging.getLogger(__name__)
@@ -87,16 +94,23 @@ def build_live_policy(
     digester: KeyDigester,
     roles: Mapping[str, frozenset[Scope]],
     store: PolicyStore | None = None,
+    witnesses: Sequence[VersionWitness] | None = None,
 ) -> LivePolicy:
     """The startup policy (see the module docstring). `store` replaces the one that
-    `auth.policy_store` names (tests). Raises PolicyStoreError when the store cannot be
-    read or created, ConfigError when config keys clash."""
+    `auth.policy_store` names (tests); `witnesses` record its versions (default: the
+    sidecar file; policy_witness.py). Raises PolicyStoreError when the store cannot be
+    read or created or was rolled back, ConfigError when config keys clash."""
     config_keys = tuple(_config_key(entry, digester, roles) for entry in auth.api_keys)
     _check_unique(config_keys)
     seed = replace(base, tenants=_merged_tenants(base, auth.tenants))
     if store is None and auth.policy_store is not None:
         assert auth.policy_passphrase is not None  # NOTE: AuthSettings requires it
-        store = PolicyStore(Path(auth.policy_store), auth.policy_passphrase.get_secret_value())
+        store = PolicyStore(
+            Path(auth.policy_store),
+            auth.policy_passphrase.get_secret_value(),
+            witnesses=witnesses,
+            accept_rollback=auth.policy_accept_rollback,
+        )
     stored = seed
     if store is not None and store.exists():
         stored = store.load()
@@ -139,7 +153,7 @@ def _config_key(
 
 def limits_of(entry: ApiKeySettings | TenantSettings) -> RateLimits | None:
     """The entry's limits, or None when it sets none."""
-    limits = RateLimits(entry.requests_per_minute, entry.tokens_per_minute, entry.max_concurrent)
+    limits = to_rate_limits(entry)
     return None if limits == RateLimits() else limits
 
 

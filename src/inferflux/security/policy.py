@@ -1,5 +1,9 @@
 """The policy data model: API keys (digests only), tenants, rate limits, guardrail settings.
 
+These are values, not schemas: what the config file and the admin API accept (fields,
+bounds, checks) is declared once in `config/policy_schema.py`, and `to_rate_limits` /
+`to_guardrail_policy` build the values from it.
+
 `Policy` is an immutable snapshot. A `PolicySource` hands out the current one; the
 encrypted policy store and the admin API replace it atomically, so readers (authn, rate
 limiter, guardrails) take `source.current()` per decision and see changes without restart.
@@ -10,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from inferflux.config.policy_schema import GuardrailRules, LimitFields, PiiAction
 from inferflux.security.principal import Scope
 
 
@@ -56,7 +61,7 @@ class GuardrailPolicy:
 
     blocklist: tuple[str, ...] = ()  # words (case-insensitive, whole word)
     blocklist_regex: tuple[str, ...] = ()
-    pii_action: Literal["off", "redact", "block"] = "off"
+    pii_action: PiiAction = "off"
     opa_endpoint: str | None = None
     opa_fail_open: bool = False
 
@@ -77,6 +82,20 @@ class Policy:
             if tenant.tenant == name:
                 return tenant
         return TenantPolicy(tenant=name, limits=self.default_limits)
+
+
+def to_rate_limits(fields: LimitFields) -> RateLimits:
+    return RateLimits(fields.requests_per_minute, fields.tokens_per_minute, fields.max_concurrent)
+
+
+def to_guardrail_policy(rules: GuardrailRules) -> GuardrailPolicy:
+    return GuardrailPolicy(
+        blocklist=tuple(rules.blocklist),
+        blocklist_regex=tuple(rules.blocklist_regex),
+        pii_action=rules.pii_action,
+        opa_endpoint=rules.opa_endpoint,
+        opa_fail_open=rules.opa_fail_open,
+    )
 
 
 class PolicySource(Protocol):

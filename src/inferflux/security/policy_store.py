@@ -18,7 +18,16 @@ beyond any number of admin changes). Writes are atomic: a temp file in the same 
 (mode 0600), fsync, rename over the store, fsync of the folder. A file that is truncated,
 tampered with, made from another store's pieces, or sealed with another passphrase fails
 the tag and refuses to load (`PolicyStoreError`); nothing ever falls back to an empty
-(open) policy. Not detected: a rollback to an older, authentic copy of the same store.
+(open) policy.
+
+Rollback: a store replaced by an older, authentic copy (same passphrase) holds a lower
+policy version than one written before. Every write records its version in the
+witnesses (policy_witness.py: a MACed sidecar file, and Redis when configured); a load
+whose version is below the highest recorded one refuses (`PolicyStoreError`) unless the
+rollback is accepted (`auth.policy_accept_rollback`, for the one start that restores a
+backup on purpose), which resets the witnesses to the loaded version. A witness that
+cannot be read is logged and skipped: deleting the sidecar only weakens the check to the
+other witness, it never blocks a start.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import secrets
 import struct
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -39,6 +49,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from inferflux.errors import PolicyStoreError
 from inferflux.security.policy import Policy
+from inferflux.security.policy_witness import FileWitness, VersionWitness, WitnessError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +73,15 @@ class PolicyStore:
     """One encrypted policy file. `load` and `save` block (file I/O, scrypt): call them
     from a thread when on the event loop."""
 
-    def __init__(self, path: str | Path, passphrase: str, log2_n: int = DEFAULT_LOG2_N):
+    def __init__(
+        self,
+        path: str | Path,
+        passphrase: str,
+        log2_n: int = DEFAULT_LOG2_N,
+        *,
+        witnesses: Sequence[VersionWitness] | None = None,
+        accept_rollback: bool = False,
+    ):
         if log2_n not in _LOG2_N_RANGE:
             raise ValueError(f"log2_n must be in {_LOG2_N_RANGE}")
         self.path = Path(path)
@@ -70,6 +89,8 @@ class PolicyStore:
         self._log2_n = log2_n
         self._salt: bytes | None = None
         self._key: bytes | None = None
+        self._witnesses = [FileWitness(self.path)] if witnesses is None else list(witnesses)
+        self._accept_rollback = accept_rollback
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -109,6 +130,7 @@ class PolicyStore:
         if document.format != FORMAT_VERSION:
             raise self._error(f"holds document format {document.format}; expected 1")
         self._salt, self._key, self._log2_n = salt, key, log2_n
+        self._check_version(document.policy.version)
         return document.policy
 
     def save(self, policy: Policy) -> None:
@@ -125,6 +147,44 @@ class PolicyStore:
             _write_atomically(self.path, header + sealed)
         except OSError as exc:
             raise self._error(f"cannot be written ({exc.strerror})") from None
+        self._record(policy.version)
+
+    def _check_version(self, version: int) -> None:
+        """Refuse a rollback (module docstring); record `version` otherwise."""
+        assert self._key is not None and self._salt is not None  # NOTE: after a decrypt
+        highest, where = 0, ""
+        for witness in self._witnesses:
+            try:
+                recorded = witness.highest(self._key, self._salt.hex())
+            except WitnessError as exc:
+                logger.warning("policy store rollback check skips a witness: %s", exc)
+                continue
+            if recorded is not None and recorded > highest:
+                highest, where = recorded, witness.where
+        rollback = version < highest
+        if rollback and not self._accept_rollback:
+            raise self._error(
+                f"holds policy version {version}, but version {highest} was written before "
+                f"(recorded in {where}): the file was replaced by an older copy, which "
+                "would bring back revoked keys and old limits. If restoring it is intended, "
+                "start once with INFERFLUX_AUTH__POLICY_ACCEPT_ROLLBACK=true "
+                "(or --accept-policy-rollback)"
+            )
+        if rollback:
+            logger.warning(
+                "policy store %s: rollback from version %d to %d ACCEPTED "
+                "(auth.policy_accept_rollback); the witnesses now record %d",
+                self.path, highest, version, version,
+            )  # fmt: skip
+        self._record(version, reset=rollback)
+
+    def _record(self, version: int, *, reset: bool = False) -> None:
+        assert self._key is not None and self._salt is not None
+        for witness in self._witnesses:
+            try:
+                witness.record(version, self._key, self._salt.hex(), reset=reset)
+            except WitnessError as exc:
+                logger.warning("policy version %d not recorded: %s", version, exc)
 
     def _error(self, problem: str) -> PolicyStoreError:
         return PolicyStoreError(f"policy store {self.path} {problem}")

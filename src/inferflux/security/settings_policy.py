@@ -7,41 +7,24 @@ policy store (`base_policy` takes those as arguments).
 
 from __future__ import annotations
 
-from inferflux.config.security_settings import GuardrailSettings, LimitSettings, RateLimitSettings
+from inferflux.config.security_settings import RateLimitSettings
 from inferflux.config.settings import Settings
 from inferflux.security.policy import (
     ApiKeyRecord,
-    GuardrailPolicy,
     Policy,
     RateLimits,
     TenantPolicy,
+    to_guardrail_policy,
+    to_rate_limits,
 )
-
-
-def _limits(settings: LimitSettings | RateLimitSettings) -> RateLimits:
-    return RateLimits(
-        requests_per_minute=settings.requests_per_minute,
-        tokens_per_minute=settings.tokens_per_minute,
-        max_concurrent=settings.max_concurrent,
-    )
 
 
 def rate_limit_policy(
     settings: RateLimitSettings,
 ) -> tuple[RateLimits, tuple[tuple[str, RateLimits], ...]]:
     """(default_limits, tiers) of `Policy`."""
-    tiers = tuple((name, _limits(tier)) for name, tier in sorted(settings.tiers.items()))
-    return _limits(settings), tiers
-
-
-def guardrail_policy(settings: GuardrailSettings) -> GuardrailPolicy:
-    return GuardrailPolicy(
-        blocklist=tuple(settings.blocklist),
-        blocklist_regex=tuple(settings.blocklist_regex),
-        pii_action=settings.pii,
-        opa_endpoint=settings.opa_endpoint,
-        opa_fail_open=settings.opa_fail_open,
-    )
+    tiers = tuple((name, to_rate_limits(tier)) for name, tier in sorted(settings.tiers.items()))
+    return to_rate_limits(settings), tiers
 
 
 def base_policy(
@@ -56,5 +39,5 @@ def base_policy(
         tenants=tenants,
         tiers=tiers,
         default_limits=default_limits,
-        guardrails=guardrail_policy(settings.guardrails),
+        guardrails=to_guardrail_policy(settings.guardrails),
     )

@@ -149,7 +149,7 @@ async def test_rate_limits_and_guardrails_round_trip_and_persist(secured: Secure
         bad_url = await admin.put("/v1/admin/guardrails", json={"opa_endpoint": "file:///x"})
     expected = {**guardrails, "opa_endpoint": None, "opa_fail_open": False}
     assert shown == {**expected, "invalid_blocklist_regex": []}
-    assert bad_regex.status_code == 400 and "blocklist_regex[1]" in bad_regex.text
+    assert bad_regex.status_code == 422 and "blocklist_regex[1]" in bad_regex.text
     assert bad_url.status_code == 400
     policy = stored(secured)
     assert policy.default_limits.requests_per_minute == 600

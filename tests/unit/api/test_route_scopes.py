@@ -27,6 +27,7 @@ EXPECTED_PREFIXES = (
     ("/api/generate", Scope.GENERATE),
     ("/api/chat", Scope.GENERATE),
     ("/api/embed", Scope.GENERATE),
+    ("/api/pull", Scope.ADMIN),
     ("/tokenize", Scope.GENERATE),
     ("/detokenize", Scope.GENERATE),
     ("/generate", Scope.GENERATE),

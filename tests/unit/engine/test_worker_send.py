@@ -15,11 +15,14 @@ from inferflux.engine.messages import (
     EngineOutput,
     EngineStats,
     FinishReason,
+    Reconfigure,
     RequestDelta,
     StepOutputs,
     StepStats,
 )
 from inferflux.engine.worker import WorkerConfig, _WorkerLoop
+from inferflux.scheduler.request import PriorityClass
+from inferflux.scheduler.scheduler import SchedulingPolicy
 
 
 class FakeCore:
@@ -101,3 +104,50 @@ def test_interval_one_sends_every_step(inputs: zmq.Socket[bytes]) -> None:
     for n in range(1, 4):
         _step(loop, core, _token(n))
     assert len(outbox.sent) == 3
+
+
+class FakeScheduler:
+    """Only the two attributes live tuning sets."""
+
+    def __init__(self) -> None:
+        self.policy: object = None
+        self.max_batch_tokens = 64
+
+
+def test_reconfigure_sets_every_scheduler_knob_and_caps_the_budget_at_the_batch(
+    inputs: zmq.Socket[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log_policies: list[ObservabilitySettings] = []  # not this test process's logging
+    monkeypatch.setattr("inferflux.engine.worker.update_log_policy", log_policies.append)
+    loop, core, _ = _loop(inputs, interval=1)
+    core.scheduler = FakeScheduler()  # type: ignore[attr-defined]
+    scheduler = SchedulerSettings(
+        max_batch_tokens=1024,  # above the context's batch of 64: capped
+        queue_timeout_s=2.0,
+        aging_s=0.5,
+        batch_window_ms=7.0,
+        stream_interval=5,
+        embed_tokens_per_step=9,
+        fairness={"enable_preemption": False, "high_priority_threshold": "normal",
+                  "max_timeslice_tokens": 11},
+    )  # fmt: skip
+    observability = ObservabilitySettings(log_level="warning")
+    loop._reconfigure(
+        Reconfigure(
+            scheduler=scheduler.model_dump(mode="json"),
+            observability=observability.model_dump(mode="json"),
+        )
+    )
+    assert core.scheduler.max_batch_tokens == 64  # type: ignore[attr-defined]
+    assert core.scheduler.policy == SchedulingPolicy(  # type: ignore[attr-defined]
+        queue_timeout_s=2.0,
+        aging_s=0.5,
+        batch_window_s=0.007,
+        enable_preemption=False,
+        high_priority_threshold=PriorityClass.NORMAL,
+        max_timeslice_tokens=11,
+    )
+    assert loop.stream.interval == 5
+    assert loop.config.scheduling.embed_tokens_per_step == 9
+    assert loop.config.max_batch_tokens == 64
+    assert log_policies == [observability]

@@ -14,7 +14,6 @@ from inferflux.config.manifest import ManifestEntry, read_manifest
 from inferflux.config.settings import Settings
 from inferflux.models.catalog import manifest_catalog
 from inferflux.models.hub import ModelHub
-from inferflux.models.manifest_watch import ManifestWatcher
 from tests.fakes.models import FakeModelLoader
 
 SHA = "ab" * 32
@@ -41,7 +40,6 @@ class Served:
         self.hub = ModelHub(
             settings.registry, catalog, self.loader.slot(catalog.default), self.loader
         )
-        self.watcher = ManifestWatcher(self.path)
 
     def ids(self) -> list[str]:
         return [e.id for e in read_manifest(self.path).models]
@@ -65,7 +63,7 @@ async def test_admin_changes_are_written_and_read_back_without_reloading(served:
     assert manifest.models[2].system == "Be brief." and manifest.models[2].parameters
     loads = list(served.loader.loads)
     assert loads == ["b", "b"]  # the load and the swap; `c` loads on first use
-    await hub.lifecycle.follow_manifest(served.watcher.poll)  # reads what was written
+    await hub.sync_manifest(read_manifest(served.path))  # the watch reads what was written
     assert served.loader.loads == loads
     views = {v.model_id: v for v in hub.models()}
     assert views["b"].is_default and views["c"].state == "registered"
@@ -87,12 +85,34 @@ async def test_an_entry_removed_from_the_file_is_retired_whoever_added_it(
 ) -> None:
     hub = served.hub
     await hub.load(entry("b"))
-    await hub.lifecycle.follow_manifest(served.watcher.poll)
     data = yaml.safe_load(served.path.read_text(encoding="utf-8"))
     data["models"] = data["models"][:1]
     served.path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    await hub.lifecycle.follow_manifest(served.watcher.poll)
+    await hub.sync_manifest(read_manifest(served.path))
     assert [v.model_id for v in hub.models() if v.state != "retiring"] == ["a"]
+
+
+async def test_an_operator_edit_carried_by_a_write_is_still_applied(served: Served) -> None:
+    hub = served.hub
+    data = yaml.safe_load(served.path.read_text(encoding="utf-8"))
+    data["models"].append({"id": "x", "path": "x.gguf", "sha256": SHA})  # not applied yet
+    served.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    await hub.load(entry("b"))  # rewrites the file, x included
+    assert served.ids() == ["a", "x", "b"] and "x" not in hub.lifecycle.applied
+    await hub.sync_manifest(read_manifest(served.path))
+    assert served.loader.loads == ["b", "x"]  # x loads now; b is not loaded again
+
+
+async def test_a_read_older_than_a_write_is_not_applied(served: Served) -> None:
+    hub = served.hub
+    before = hub.lifecycle.num_writes
+    stale = read_manifest(served.path)  # read, then an admin write lands
+    await hub.load(entry("b"))
+    lifecycle = hub.lifecycle
+    assert not await lifecycle.sync_manifest(stale, unless_written_since=before)
+    assert "b" in {v.model_id for v in hub.models()}  # the stale read did not undo it
+    fresh = read_manifest(served.path)
+    assert await lifecycle.sync_manifest(fresh, unless_written_since=lifecycle.num_writes)
 
 
 async def test_entry_of_copies_file_and_settings(served: Served) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from inferflux.config.settings import ObservabilitySettings
 from inferflux.observability import configure_logging, redact, request_id_var, tenant_var
-from inferflux.observability.logging import UVICORN_LOGGERS
+from inferflux.observability.logging import UVICORN_LOGGERS, update_log_policy
 
 
 class _TtyStream(io.StringIO):
@@ -295,3 +295,49 @@ def test_httpx_speaks_at_debug():
     logging.getLogger("httpx").info("HTTP Request: GET https://idp.example/jwks?key=k1")
     [entry] = _json_lines(out)
     assert entry["msg"] == "HTTP Request: GET https://idp.example/jwks?<redacted>"
+
+
+def _log_as(tenant: str | None, request_id: str) -> None:
+    log = logging.getLogger("inferflux.test")
+    tokens = (tenant_var.set(tenant), request_id_var.set(request_id))
+    try:
+        log.debug("debug %s", request_id)
+        log.info("info %s", request_id)
+        log.warning("warn %s", request_id)
+    finally:
+        tenant_var.reset(tokens[0])
+        request_id_var.reset(tokens[1])
+
+
+def test_a_tenant_can_log_at_a_level_of_its_own():
+    out = io.StringIO()
+    tenants = {"acme": {"log_level": "debug"}, "quiet": {"log_level": "error"}}
+    _configure(out, log_format="json", log_level="warning", tenant_logging=tenants)
+    for tenant in ("acme", "globex", "quiet", None):
+        _log_as(tenant, f"req-{tenant}")
+    logging.getLogger("inferflux.test").info("outside any request")
+    levels = {(e.get("tenant"), e["level"]) for e in _json_lines(out)}
+    assert levels == {("acme", "debug"), ("acme", "info"), ("acme", "warning"),
+                      ("globex", "warning"), (None, "warning")}  # fmt: skip
+
+
+def test_update_log_policy_changes_levels_and_sampling_in_place():
+    out = io.StringIO()
+    _configure(out, log_format="json")
+    _log_as("acme", "before")
+    update_log_policy(
+        ObservabilitySettings(
+            log_level="warning", tenant_logging={"acme": {"log_sample_rate": 0.0}}
+        )
+    )
+    _log_as("acme", "after-acme")
+    _log_as("globex", "after-globex")
+    update_log_policy(ObservabilitySettings(log_level="debug"))
+    _log_as("globex", "debug-globex")
+    seen = [(e["request_id"], e["level"]) for e in _json_lines(out)]
+    assert seen == [
+        ("before", "info"), ("before", "warning"),
+        ("after-acme", "warning"),  # sampled out below warning, and at warning anyway
+        ("after-globex", "warning"),
+        ("debug-globex", "debug"), ("debug-globex", "info"), ("debug-globex", "warning"),
+    ]  # fmt: skip

@@ -3,7 +3,9 @@ wrong refuses to load (never an empty policy)."""
 
 from __future__ import annotations
 
+import json
 import stat
+from dataclasses import replace
 
 import pytest
 
@@ -53,7 +55,8 @@ def test_round_trip_with_mode_0600_and_no_temp_files(tmp_path):
     assert not store.exists()
     store.save(sample_policy())
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.name for p in path.parent.iterdir()] == ["policy.store"]
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names == ["policy.store", "policy.store.version"]  # the store and its witness
     assert PolicyStore(path, PASS).load() == sample_policy()
     raw = path.read_bytes()
     assert raw.startswith(b"INFERFLUX-POLICY") and b"acme" not in raw and b"abab" not in raw
@@ -146,3 +149,47 @@ def test_a_failed_write_leaves_the_old_file(stored, tmp_path, monkeypatch):
         store.save(Policy(version=99))
     assert stored.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _versions(store: PolicyStore, path, *versions: int) -> dict[int, bytes]:
+    """Save the sample policy at each version; the file's bytes after each save."""
+    files = {}
+    for version in versions:
+        store.save(replace(sample_policy(), version=version))
+        files[version] = path.read_bytes()
+    return files
+
+
+def test_an_older_copy_of_the_store_is_refused_as_a_rollback(tmp_path):
+    path = tmp_path / "policy.store"
+    files = _versions(PolicyStore(path, PASS, log2_n=FAST), path, 1, 2, 3)
+    path.write_bytes(files[2])  # a restored backup, or an attacker undoing a revocation
+    with pytest.raises(PolicyStoreError, match="version 2, but version 3 was written") as caught:
+        PolicyStore(path, PASS).load()
+    assert "policy.store.version" in caught.value.message
+    assert "INFERFLUX_AUTH__POLICY_ACCEPT_ROLLBACK" in caught.value.message
+    path.write_bytes(files[3])
+    assert PolicyStore(path, PASS).load().version == 3  # the newest copy still loads
+
+
+def test_an_accepted_rollback_loads_once_and_resets_the_witness(tmp_path, caplog):
+    path = tmp_path / "policy.store"
+    files = _versions(PolicyStore(path, PASS, log2_n=FAST), path, 4, 5)
+    path.write_bytes(files[4])
+    assert PolicyStore(path, PASS, accept_rollback=True).load().version == 4
+    assert "rollback from version 5 to 4 ACCEPTED" in caplog.text
+    assert PolicyStore(path, PASS).load().version == 4  # no flag needed from now on
+
+
+def test_a_missing_or_forged_witness_never_blocks_a_start(tmp_path, caplog):
+    path = tmp_path / "policy.store"
+    files = _versions(PolicyStore(path, PASS, log2_n=FAST), path, 1, 2)
+    witness = path.with_name("policy.store.version")
+    witness.unlink()
+    assert PolicyStore(path, PASS).load().version == 2  # an upgrade: none recorded yet
+    assert witness.exists()  # ... and recorded at this load
+    forged = json.loads(witness.read_text())
+    witness.write_text(json.dumps({**forged, "version": 1}))  # lowered without the key
+    path.write_bytes(files[1])
+    assert PolicyStore(path, PASS).load().version == 1  # the forged witness is skipped
+    assert "does not verify" in caplog.text

@@ -21,7 +21,7 @@ from inferflux.security.policy import Policy
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["SecurityDep", "actor_of", "apply_change"]
+__all__ = ["SecurityDep", "actor_of", "apply_change", "record_change"]
 
 
 def actor_of(request: Request) -> str:
@@ -36,13 +36,19 @@ async def apply_change(
     """Apply `update` to the stored policy; returns the new current policy. Raises what
     `update` raises (nothing changes then) or PolicyUnavailable (the store failed)."""
     policy = await security.policy.update(update)
+    record_change(request, change, {"policy_version": policy.version})
+    return policy
+
+
+def record_change(request: Request, change: str, details: dict[str, object]) -> None:
+    """Log an applied admin change (`action:target`) with its actor, note it on the
+    request's audit record and write an `admin_change` audit event. No secret in
+    `details`."""
     actor = actor_of(request)
-    logger.info("admin change by %s: %s (policy version %d)", actor, change, policy.version)
+    logger.info("admin change by %s: %s %s", actor, change, details)
     context = context_of(request.scope)
     context.record.policy_decisions.append(f"admin:{actor}:{change}")
     audit = app_state(request.app).security_layer.audit
     if audit is not None:
         action, _, target = change.partition(":")
-        details = {"policy_version": policy.version}
         audit.admin_change(context.caller, action, target, details)
-    return policy

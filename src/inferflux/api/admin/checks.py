@@ -1,5 +1,5 @@
 """What a well-formed admin body may still not ask for: the checks that need the current
-policy or the guardrails' regex engine. Each refusal is a 422 (`Unprocessable`) naming
+policy. Each refusal is a 422 (`Unprocessable`) naming
 the field, and nothing changes.
 
 - A key's `name` holds no control character (NUL, CR, LF, ...): names are shown in
@@ -8,11 +8,9 @@ the field, and nothing changes.
   POST /v1/admin/tenants), and its `rate_limit_tier` is a configured tier.
 - `allowed_models` entries are model names: a model id or alias (`org/model` allowed),
   optionally `:<adapter>` or Ollama's `:latest`; never a `.` or `..` path segment.
-- Blocklist patterns (well-formed: a malformed one is already a 400) compile in RE2, the
-  engine that runs them (no backreferences, lookaround, `\\Z`, named backreferences,
-  inline `(?x)`, repetition above 1000): the same check as the config file's
-  (`config.security_settings.re2_error`), so a pattern that would make every generation
-  fail is refused before it is stored.
+
+Blocklist patterns RE2 cannot run are refused by the body itself (`GuardrailRules` in
+config/policy_schema.py, the config file's declaration: a 422 through api/errors.py).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import re
 from collections.abc import Iterable
 
 from inferflux.api.admin.protocol import CreateKeyBody
-from inferflux.config.security_settings import re2_error
 from inferflux.errors import Unprocessable
 from inferflux.security.policy import Policy
 
@@ -59,17 +56,5 @@ def check_models(models: Iterable[str] | None, param: str) -> None:
         if _MODEL_NAME.fullmatch(name) is None or {".", ".."} & set(segments):
             raise Unprocessable(
                 f"{name!r} is not a model name (an id or alias, optionally ':<adapter>')",
-                param=f"{param}[{index}]",
-            )
-
-
-def check_patterns(patterns: Iterable[str], param: str = "blocklist_regex") -> None:
-    """Raise Unprocessable for a pattern RE2 cannot run (module docstring)."""
-    for index, pattern in enumerate(patterns):
-        reason = re2_error(pattern)
-        if reason is not None:
-            raise Unprocessable(
-                f"the pattern {pattern!r} is not valid RE2, the guardrails' regex engine "
-                f"({reason}); rewrite it without backreferences or lookaround",
                 param=f"{param}[{index}]",
             )

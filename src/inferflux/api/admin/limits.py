@@ -10,7 +10,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from inferflux.api.admin.changes import SecurityDep, apply_change
-from inferflux.api.admin.checks import check_patterns
 from inferflux.api.admin.protocol import (
     GuardrailsBody,
     RateLimitBody,
@@ -82,8 +81,8 @@ async def put_guardrails(
     request: Request, body: GuardrailsUpdate, security: SecurityDep
 ) -> dict[str, object]:
     """Replace the guardrail settings (fields left out get their defaults). A pattern the
-    guardrails' regex engine cannot run is a 422, and nothing is stored."""
-    check_patterns(body.blocklist_regex)
+    guardrails' regex engine cannot run is a 422 (the body's check), and nothing is
+    stored."""
     guardrails = body.to_policy()
     policy = await apply_change(
         request, security, "guardrails.update", lambda p: replace(p, guardrails=guardrails)

@@ -53,6 +53,7 @@ class AdminModelRequest(BaseModel):
     n_batch: int | None = None
     threads: int | None = None
     chat_template: str | None = None
+    quantization: str | None = None
     system: str | None = None  # Ollama: the model's system prompt
     parameters: dict[str, JsonValue] | None = None  # Ollama: its default options
 

@@ -7,35 +7,46 @@ so no digest or secret can slip into a response by accident: `key_view` names ea
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Literal, Self
-from urllib.parse import urlsplit
+from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inferflux.config.auth_settings import NAME_PATTERN, PriorityName, ScopeName
+from inferflux.config.auth_settings import PriorityName, ScopeName
+from inferflux.config.policy_schema import (
+    MAX_REGEXES,
+    GuardrailRules,
+    LimitFields,
+    Name,
+)
 from inferflux.security.guardrails.chain import invalid_patterns
-from inferflux.security.policy import ApiKeyRecord, GuardrailPolicy, RateLimits, TenantPolicy
+from inferflux.security.policy import (
+    ApiKeyRecord,
+    GuardrailPolicy,
+    RateLimits,
+    TenantPolicy,
+    to_guardrail_policy,
+    to_rate_limits,
+)
 
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModelId = Annotated[str, Field(min_length=1, max_length=256)]
 MAX_MODELS = 256
-MAX_BLOCKLIST = 10_000
-MAX_REGEXES = 1_000
 MAX_TIERS = 100
 
 
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = _STRICT
 
 
-class LimitsBody(_Body):
-    requests_per_minute: int | None = Field(None, ge=1, le=10_000_000)
-    tokens_per_minute: int | None = Field(None, ge=1, le=10_000_000_000)
-    max_concurrent: int | None = Field(None, ge=1, le=100_000)
+class LimitsBody(LimitFields):
+    """`LimitFields` (config/policy_schema.py), with strict JSON types."""
+
+    model_config = _STRICT
 
     def to_limits(self) -> RateLimits:
-        return RateLimits(self.requests_per_minute, self.tokens_per_minute, self.max_concurrent)
+        return to_rate_limits(self)
 
 
 class CreateKeyBody(_Body):
@@ -84,50 +95,17 @@ class RateLimitBody(_Body):
     tenants: dict[Name, LimitsBody] | None = Field(None, max_length=10_000)
 
 
-class GuardrailsBody(_Body):
-    """The whole guardrail policy (PUT replaces it)."""
+class GuardrailsBody(GuardrailRules):
+    """The whole guardrail policy (PUT replaces it): `GuardrailRules`, the config file's
+    declaration, with strict JSON types. A pattern RE2 cannot run is a 422 naming it."""
 
-    blocklist: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        default_factory=list, max_length=MAX_BLOCKLIST
-    )
-    blocklist_regex: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
-        default_factory=list, max_length=MAX_REGEXES
-    )
-    pii_action: Literal["off", "redact", "block"] = "off"
-    opa_endpoint: str | None = Field(None, max_length=2048)
-    opa_fail_open: bool = False
+    model_config = _STRICT
+
     # what GET reports (read-only, ignored): a GET body PUT back as it is stays valid
     invalid_blocklist_regex: list[str] | None = Field(None, max_length=MAX_REGEXES)
 
-    @field_validator("blocklist_regex")
-    @classmethod
-    def _compiles(cls, patterns: list[str]) -> list[str]:
-        """Malformed in any regex syntax: 400. Well-formed but beyond RE2, the engine that
-        runs them (a backreference, lookaround): 422, in `api/admin/checks.py`."""
-        for index, pattern in enumerate(patterns):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"blocklist_regex[{index}] does not compile: {exc}") from None
-        return patterns
-
-    @field_validator("opa_endpoint")
-    @classmethod
-    def _http_url(cls, url: str | None) -> str | None:
-        if url is not None:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError("opa_endpoint must be an http:// or https:// URL")
-        return url
-
     def to_policy(self) -> GuardrailPolicy:
-        return GuardrailPolicy(
-            blocklist=tuple(self.blocklist),
-            blocklist_regex=tuple(self.blocklist_regex),
-            pii_action=self.pii_action,
-            opa_endpoint=self.opa_endpoint,
-            opa_fail_open=self.opa_fail_open,
-        )
+        return to_guardrail_policy(self)
 
 
 def _models(models: list[str] | None) -> frozenset[str] | None:

@@ -1,9 +1,12 @@
-"""The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`, and
-`admin models` (admin.py).
+"""The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`,
+`quantize`, and `admin models|adapters` (admin.py), `admin api-keys|tenants`
+(admin_keys.py), `admin rate-limit|guardrails` (admin_policy.py), `admin config`
+(admin_config.py).
 
 Each command resolves the target (`--url`, `--host/--port`, INFERCTL_HOST), makes one
 request and prints the answer, or the raw JSON with `--json`. `chat --interactive` hands
-over to `chat_repl`; `pull` lives in `pull`. Docs with sample output: docs/cli.md.
+over to `chat_repl`; `pull` lives in `pull`, `quantize` in `quantize` (both work on
+local files, not through a server). Docs with sample output: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from typing import Annotated, Any
 
 import typer
 
-from inferflux.cli.inferctl import chat_repl, pull
+from inferflux.cli.inferctl import chat_repl, pull, quantize
 from inferflux.cli.inferctl.admin import admin_app
+from inferflux.cli.inferctl.admin_config import config
+from inferflux.cli.inferctl.admin_keys import api_keys_app, tenants_app
+from inferflux.cli.inferctl.admin_policy import guardrails, rate_limit
 from inferflux.cli.inferctl.client import (
     EXIT_API_ERROR,
     HostOption,
@@ -33,12 +39,24 @@ app = typer.Typer(help="Talk to an InferFlux server.", no_args_is_help=True, add
 models_app = typer.Typer(help="The served models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(admin_app, name="admin")
+admin_app.add_typer(api_keys_app, name="api-keys")
+admin_app.add_typer(tenants_app, name="tenants")
+admin_app.command("rate-limit")(rate_limit)
+admin_app.command("guardrails")(guardrails)
+admin_app.command("config")(config)
 
 ModelOption = Annotated[
     str | None, typer.Option(help="Model id (default: the server's).", show_default=False)
 ]
 TemperatureOption = Annotated[float, typer.Option(min=0.0, max=2.0)]
 StreamOption = Annotated[bool, typer.Option("--stream", help="Print tokens as they come.")]
+DestOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Models directory (env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models).",
+        show_default=False,
+    ),
+]
 
 
 def _worker_line(worker: dict[str, Any]) -> str:
@@ -174,13 +192,7 @@ def chat(
 def pull_command(
     spec: Annotated[str, typer.Argument(metavar="REPO[:FILE]", help="e.g. owner/name:x.gguf")],
     revision: Annotated[str, typer.Option(help="Branch, tag or commit.")] = "main",
-    dest: Annotated[
-        Path | None,
-        typer.Option(
-            help="Models directory [env INFERFLUX_MODELS_DIR, default ~/.cache/inferflux/models].",
-            show_default=False,
-        ),
-    ] = None,
+    dest: DestOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Download a GGUF from the Hugging Face Hub, verify its SHA-256, add it to models.yaml."""
@@ -194,6 +206,29 @@ def pull_command(
     typer.echo(f"manifest {pulled.manifest}")
     typer.echo(f"serve it with: inferflux serve --model {pulled.path}")
     typer.echo(f"or every pulled model: inferflux serve --registry {pulled.manifest}")
+
+
+@app.command("quantize")
+def quantize_command(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="GGUF file (F32, F16, BF16, Q8_0).")],
+    level: Annotated[str, typer.Option("--type", help="Target level, e.g. Q4_K_M, Q8_0.")],
+    dest: DestOption = None,
+    sha256: Annotated[
+        str | None, typer.Option(help="Expected SHA-256 of SRC (checked before reading).")
+    ] = None,
+    threads: Annotated[int, typer.Option(min=0, help="CPU threads (0: every core).")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Quantize a GGUF down to --type (llama_model_quantize), into the models directory."""
+    done = quantize.quantize(src, level.upper(), pull.models_dir(dest), sha256, threads, as_json)
+    if as_json:
+        fields = {key: str(value) for key, value in done._asdict().items()}
+        typer.echo(json.dumps(fields, indent=2))
+        return
+    verb = "reused" if done.reused else "saved"
+    typer.echo(f"{verb} {done.path} ({done.source_type} → {done.level})")
+    typer.echo(f"sha256 {done.sha256}")
+    typer.echo(f"serve it with: inferflux serve --model {done.path}")
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ UrlOption = Annotated[
     str | None, typer.Option("--url", help="Server URL (env INFERCTL_HOST).", show_default=False)
 ]
 HostOption = Annotated[
-    str | None, typer.Option("--host", help=f"Server host [default: {DEFAULT_HOST}].")
+    str | None, typer.Option("--host", help=f"Server host (default: {DEFAULT_HOST}).")
 ]
 PortOption = Annotated[
-    int | None, typer.Option("--port", min=1, max=65535, help=f"Port [default: {DEFAULT_PORT}].")
+    int | None, typer.Option("--port", min=1, max=65535, help=f"Port (default: {DEFAULT_PORT}).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON response.")]
 

@@ -24,7 +24,8 @@ from typing import Protocol
 
 import httpx
 
-from inferflux.config.security_settings import GuardrailSettings, re2_error
+from inferflux.config.policy_schema import re2_error
+from inferflux.config.security_settings import GuardrailSettings
 from inferflux.errors import ConfigError, ContentFiltered, PolicyDenied, PolicyUnavailable
 from inferflux.security.digest import TextDigester
 from inferflux.security.guardrails.content import (
