@@ -19,8 +19,10 @@ replaces the entry (its settings, aliases and default flag), `set_default` moves
 `unload(forget=True)` (Ollama's delete) removes the entry, a `register` (Ollama's create
 and copy) adds it. A plain `unload` only stops serving now: the model stays registered and
 listed in the manifest, and loads again on the next request that names it. LoRA adapter
-models are not persisted. The manifest as written becomes the applied one, so the
-manifest watch reading it back changes nothing. Without a manifest nothing is written.
+models are not persisted. What a change wrote counts as applied (other entries stay as
+they were applied, so an operator's pending edit is still picked up), and a watch read
+older than a write is not applied: the watch reading the file back changes nothing
+(no reload loop) and never undoes a change. Without a manifest nothing is written.
 """
 
 from __future__ import annotations
