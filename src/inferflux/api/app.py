@@ -1,7 +1,7 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id (the request's `RequestContext`) → telemetry
-(latency metrics, the HTTP span) → CORS → audit → authentication → rate limit
+(latency metrics, the HTTP span) → drain (503 while shutting down, `api/drain.py`) → CORS → audit → authentication → rate limit
 (`api/security_layer.py`) → body-size limit → catch-all 500 → trailing slashes stripped
 (no redirects) → FastAPI's exception handlers → routes.
 
@@ -35,6 +35,7 @@ from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
+from inferflux.api.drain import DrainMiddleware
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
@@ -184,6 +185,7 @@ def create_app(
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
     install_security(app, settings, access, layer)
+    app.add_middleware(DrainMiddleware, drain=generation.drain)  # 503 while shutting down
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
@@ -266,7 +268,9 @@ async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
         ) from None
 
     def is_ready() -> bool:
-        draining = state.draining is not None and state.draining()
+        draining = state.generation.drain.draining or (
+            state.draining is not None and state.draining()
+        )
         return state.models.default_serving().engine.ready and not draining
 
     return await start_grpc_server(app, state.settings.server, is_ready)
