@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 _ALWAYS_SERVED = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 _POLL_S = 0.02
 CUT_FLUSH_S = 0.5  # after the cut: time for the cut streams to send their last frames
+# The last part of the grace is for stopping (uvicorn, the workers, the interpreter): the
+# cut comes this long before server.shutdown_grace_s ends (at most half of it).
+STOP_RESERVE_S = 1.0
 REFUSED = "the server is shutting down; retry on another replica"
 CUT = (
     "the server is shutting down: this request was still running when "
@@ -103,15 +106,16 @@ class Drain:
 
 
 async def drain_then_stop(drain: Drain, grace_s: float, stop: Callable[[], None]) -> None:
-    """Drain (new requests 503), let open requests run up to `grace_s`, cut the rest,
-    give them `CUT_FLUSH_S` to send their last frames, then `stop()` the server."""
+    """Drain (new requests 503), let open requests run until `STOP_RESERVE_S` before
+    `grace_s` ends, cut the rest, give them up to `CUT_FLUSH_S` to send their last
+    frames, then `stop()` the server."""
     drain.begin()
     logger.info(
         "shutting down: draining %d open request(s), grace %.1f s (server.shutdown_grace_s)",
         drain.open_requests,
         grace_s,
     )
-    if not await drain.wait_idle(grace_s):
+    if not await drain.wait_idle(grace_s - min(STOP_RESERVE_S, grace_s / 2)):
         cut = await drain.cut_all()
         logger.warning(
             "shutdown grace ran out: %d request(s) still open, %d generation(s) cut",

@@ -232,9 +232,14 @@ class WorkerPoolClient:
             await asyncio.sleep(0.05)
 
     async def abort(self, request_id: str) -> None:
+        """Abort the request in its worker and end its stream now with an ABORT delta:
+        the worker's own comes only after its current step (and is then dropped)."""
         entry = self._queues.get(request_id)
         if entry is not None:
             await self._send_abort(entry[1], request_id)
+            entry[0].put_nowait(
+                RequestDelta(request_id=request_id, finish_reason=FinishReason.ABORT)
+            )
 
     def workers(self) -> list[WorkerStatus]:
         return [
