@@ -26,6 +26,7 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 
+from inferflux import __version__
 from inferflux.api import create_app
 from inferflux.api.drain import Drain, drain_then_stop
 from inferflux.api.security_layer import SecurityState, build_security
@@ -57,8 +58,23 @@ app = typer.Typer(
 )
 
 
+def print_version(value: bool) -> None:
+    """`--version`: print the version and exit (an eager option of both CLIs)."""
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version", help="Print the version and exit.", callback=print_version, is_eager=True
+    ),
+]
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: VersionOption = False) -> None:
     """InferFlux: an OpenAI-compatible LLM inference server on llama.cpp."""
 
 
