@@ -3,10 +3,8 @@
     python scripts/check_licenses.py            # check; exit 1 naming each offender
     python scripts/check_licenses.py --list     # print every runtime dependency and license
 
-The runtime dependencies are what `pip install inferflux` installs: the installed
-`inferflux` distribution's requirements, followed recursively through the installed
-distributions (markers evaluated, extras followed: `PyJWT[crypto]` brings
-`cryptography`); dev tools are not in it. Each one's license comes from pip-licenses
+The runtime dependencies are what `pip install inferflux` installs
+(scripts/runtime_deps.py); dev tools are not in it. Each one's license comes from pip-licenses
 (`--from=mixed`: the trove classifiers, else the License / License-Expression field) and
 is mapped to an SPDX id by scripts/licenses.toml, which also holds the allow-list, the
 explicitly named exceptions (with their reasons) and the served models' own licenses
@@ -24,35 +22,10 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from runtime_deps import runtime_distributions
 
 POLICY = Path(__file__).resolve().parent / "licenses.toml"
-ROOT_DISTRIBUTION = "inferflux"
-
-
-def runtime_distributions(root: str = ROOT_DISTRIBUTION) -> dict[str, str]:
-    """Every installed distribution `root` needs at run time: canonical name → version."""
-    found: dict[str, str] = {}
-    seen: set[tuple[str, str]] = set()
-    pending: list[tuple[str, str]] = [(root, "")]
-    while pending:
-        name, extra = pending.pop()
-        key = canonicalize_name(name)
-        if (key, extra) in seen:
-            continue
-        seen.add((key, extra))
-        dist = metadata.distribution(name)
-        found[key] = dist.version
-        for line in dist.requires or []:
-            requirement = Requirement(line)
-            marker = requirement.marker
-            if marker is not None and not marker.evaluate({"extra": extra}):
-                continue
-            pending.append((requirement.name, ""))
-            pending.extend((requirement.name, e) for e in requirement.extras)
-    found.pop(canonicalize_name(root))
-    return dict(sorted(found.items()))
 
 
 def declared_licenses(names: list[str]) -> dict[str, str]:
