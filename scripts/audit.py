@@ -37,17 +37,34 @@ def run_pip_audit(pins: dict[str, str]) -> tuple[dict[str, object] | None, str]:
         report = Path(tmp) / "report.json"
         done = subprocess.run(
             [
-                sys.executable, "-m", "pip_audit", "-r", str(requirements), "--no-deps",
-                "--disable-pip", "--progress-spinner", "off", "--timeout", str(TIMEOUT_S),
-                "-f", "json", "-o", str(report),
+                sys.executable,
+                "-m",
+                "pip_audit",
+                "-r",
+                str(requirements),
+                "--no-deps",
+                "--disable-pip",
+                "--progress-spinner",
+                "off",
+                "--timeout",
+                str(TIMEOUT_S),
+                "-f",
+                "json",
+                "-o",
+                str(report),
             ],
             capture_output=True,
             text=True,
-        )  # fmt: skip
+            check=False,  # exit 1 means findings too: the report says which
+        )
         if report.is_file() and report.stat().st_size:
             return json.loads(report.read_text()), ""
     lines = (done.stderr or done.stdout).strip().splitlines()
     return None, lines[-1] if lines else f"pip-audit exited {done.returncode}"
+
+
+def say(line: str, *, err: bool = False) -> None:
+    (sys.stderr if err else sys.stdout).write(line + "\n")
 
 
 def main() -> int:
@@ -56,8 +73,11 @@ def main() -> int:
     pins = runtime_distributions()
     report, error = run_pip_audit(pins)
     if report is None:
-        print(f"audit: AUDIT INCOMPLETE: pip-audit gave no report ({error}); "
-              f"0 of {len(pins)} runtime dependencies checked", file=sys.stderr)  # fmt: skip
+        say(
+            f"audit: AUDIT INCOMPLETE: pip-audit gave no report ({error}); "
+            f"0 of {len(pins)} runtime dependencies checked",
+            err=True,
+        )
         return 1 if strict else 0
     untriaged, accepted, skipped = [], [], []
     for dependency in report["dependencies"]:  # type: ignore[index]
@@ -65,24 +85,34 @@ def main() -> int:
             skipped.append(dependency["name"])
         for vuln in dependency.get("vulns", []):
             ids = {vuln["id"], *vuln.get("aliases", [])}
-            line = f"{dependency['name']} {dependency['version']}: {vuln['id']} (fix: " \
-                f"{', '.join(vuln['fix_versions']) or 'none'})"  # fmt: skip
+            line = (
+                f"{dependency['name']} {dependency['version']}: {vuln['id']} (fix: "
+                f"{', '.join(vuln['fix_versions']) or 'none'})"
+            )
             decision = next((triaged[i] for i in sorted(ids) if i in triaged), None)
             (accepted if decision else untriaged).append(
                 f"{line} - triaged: {decision['decision']}" if decision else line
             )
     for line in accepted:
-        print(f"audit: known, triaged in scripts/{TRIAGE.name}: {line}")
+        say(f"audit: known, triaged in scripts/{TRIAGE.name}: {line}")
     for line in untriaged:
-        print(f"audit: UNTRIAGED: {line}: upgrade it, or triage it in scripts/{TRIAGE.name} "
-              "and docs/supply-chain.md", file=sys.stderr)  # fmt: skip
+        say(
+            f"audit: UNTRIAGED: {line}: upgrade it, or triage it in scripts/{TRIAGE.name} "
+            "and docs/supply-chain.md",
+            err=True,
+        )
     checked = len(pins) - len(skipped)
     if skipped:
-        print(f"audit: AUDIT INCOMPLETE: {len(skipped)} of {len(pins)} runtime dependencies "
-              "could not be checked (the vulnerability service did not know them or could "
-              f"not be reached): {', '.join(skipped)}", file=sys.stderr)  # fmt: skip
-    print(f"audit: {checked} of {len(pins)} runtime dependencies checked, "
-          f"{len(untriaged)} untriaged and {len(accepted)} triaged findings")  # fmt: skip
+        say(
+            f"audit: AUDIT INCOMPLETE: {len(skipped)} of {len(pins)} runtime dependencies "
+            "could not be checked (the vulnerability service did not know them or could "
+            f"not be reached): {', '.join(skipped)}",
+            err=True,
+        )
+    say(
+        f"audit: {checked} of {len(pins)} runtime dependencies checked, "
+        f"{len(untriaged)} untriaged and {len(accepted)} triaged findings"
+    )
     if untriaged or (strict and skipped):
         return 1
     return 0

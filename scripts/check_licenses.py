@@ -91,8 +91,14 @@ def problems(
                 f"[exceptions] in scripts/{POLICY.name} with the reason"
             )
     stale = sorted(set(exceptions) - set(versions))
-    found += [f"{name}: an exception in {POLICY.name} for a package no longer used" for name in stale]
+    found += [
+        f"{name}: an exception in {POLICY.name} for a package no longer used" for name in stale
+    ]
     return found
+
+
+def say(line: str, *, err: bool = False) -> None:
+    (sys.stderr if err else sys.stdout).write(line + "\n")
 
 
 def main() -> int:
@@ -104,14 +110,14 @@ def main() -> int:
     declared = declared_licenses(list(versions))
     if args.list:
         for name, version in versions.items():
-            print(f"{name}=={version}\t{declared.get(name, 'UNKNOWN')}")
+            say(f"{name}=={version}\t{declared.get(name, 'UNKNOWN')}")
         return 0
     found = problems(versions, declared, policy)
     for line in found:
-        print(f"licenses: {line}", file=sys.stderr)
+        say(f"licenses: {line}", err=True)
     if found:
         return 1
-    print(
+    say(
         f"licenses: {len(versions)} runtime dependencies, all allowed "
         f"({len(policy['exceptions'])} named exceptions, scripts/{POLICY.name})"
     )

@@ -10,6 +10,7 @@ installed distributions: markers evaluated, extras followed (`PyJWT[crypto]` bri
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
 
 from packaging.requirements import Requirement
@@ -44,4 +45,4 @@ def runtime_distributions(root: str = ROOT_DISTRIBUTION) -> dict[str, str]:
 
 if __name__ == "__main__":
     for name, version in runtime_distributions().items():
-        print(f"{name}=={version}")  # noqa: T201
+        sys.stdout.write(f"{name}=={version}\n")

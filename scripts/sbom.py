@@ -66,9 +66,13 @@ def runtime_only(bom: dict[str, object], keep: set[str]) -> dict[str, object]:
     return {**bom, "components": components, "dependencies": dependencies}
 
 
+def say(line: str, *, err: bool = False) -> None:
+    (sys.stderr if err else sys.stdout).write(line + "\n")
+
+
 def main() -> int:
     if len(sys.argv) != 2:
-        print(__doc__, file=sys.stderr)
+        say(__doc__ or "", err=True)
         return 2
     target = Path(sys.argv[1])
     runtime = set(runtime_distributions())
@@ -76,11 +80,11 @@ def main() -> int:
     bom["metadata"]["component"]["version"] = source_version()  # type: ignore[index]
     missing = runtime - {canonicalize_name(c["name"]) for c in bom["components"]}  # type: ignore[attr-defined]
     if missing:
-        print(f"sbom: runtime dependencies missing from the SBOM: {sorted(missing)}", file=sys.stderr)
+        say(f"sbom: runtime dependencies missing from the SBOM: {sorted(missing)}", err=True)
         return 1
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(bom, indent=2) + "\n")
-    print(f"sbom: {target} (CycloneDX {bom['specVersion']}, {len(runtime)} runtime components)")
+    say(f"sbom: {target} (CycloneDX {bom['specVersion']}, {len(runtime)} runtime components)")
     return 0
 
 

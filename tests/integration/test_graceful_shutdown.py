@@ -156,9 +156,7 @@ def test_a_stream_that_ends_within_the_grace_ends_normally(tmp_path) -> None:
     try:
         record = StreamRecord()
         body = {**LONG_STREAM, "max_tokens": 16}
-        thread = threading.Thread(
-            target=_read_stream, args=(server.url, record, body), daemon=True
-        )
+        thread = threading.Thread(target=_read_stream, args=(server.url, record, body), daemon=True)
         thread.start()
         assert record.started.wait(60)
         sent = time.monotonic()

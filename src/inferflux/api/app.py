@@ -1,9 +1,10 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id (the request's `RequestContext`) → telemetry
-(latency metrics, the HTTP span) → drain (503 while shutting down, `api/drain.py`) → CORS → audit → authentication → rate limit
-(`api/security_layer.py`) → body-size limit → catch-all 500 → trailing slashes stripped
-(no redirects) → FastAPI's exception handlers → routes.
+(latency metrics, the HTTP span) → drain (503 while shutting down, `api/drain.py`) →
+CORS → audit → authentication → rate limit (`api/security_layer.py`) → body-size limit
+→ catch-all 500 → trailing slashes stripped (no redirects) → FastAPI's exception
+handlers → routes.
 
 Every router is included with the scope its routes need (`_ROUTERS`); only the health
 probes (and /metrics when public) have none, and a test fails any route that lacks one.

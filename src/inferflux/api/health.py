@@ -9,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from inferflux.api.drain import REFUSED
 from inferflux.api.errors import error_response
 from inferflux.api.openapi import error_doc
-from inferflux.api.drain import REFUSED
 from inferflux.api.state import StateDep
 from inferflux.errors import NoWorkerReady, ShuttingDown
 

@@ -46,6 +46,7 @@ admin_app.command("rate-limit")(rate_limit)
 admin_app.command("guardrails")(guardrails)
 admin_app.command("config")(config)
 
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(__version__)
