@@ -145,7 +145,8 @@ def test_sigterm_with_nothing_open_exits_0_at_once(tmp_path) -> None:
         sent = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=GRACE_S + 10) == 0
-        assert time.monotonic() - sent < 1.5  # no open request: no wait for the grace
+        # no open request: no wait for the grace (stopping itself takes about 1.5 s here)
+        assert time.monotonic() - sent < GRACE_S / 2
     finally:
         server.close()
 
