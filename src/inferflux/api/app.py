@@ -41,6 +41,8 @@ from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
 from inferflux.api.live_config import LiveConfig
+from inferflux.api.lmstudio import models as lmstudio_models
+from inferflux.api.lmstudio import routes as lmstudio_routes
 from inferflux.api.middleware import (
     BodySizeLimitMiddleware,
     RequestIdMiddleware,
@@ -51,9 +53,11 @@ from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
 from inferflux.api.native.protocol import NativeStreamEvent
 from inferflux.api.observed_engine import ObservedEngine
+from inferflux.api.ollama import blobs as ollama_blobs
 from inferflux.api.ollama import chat as ollama_chat
 from inferflux.api.ollama import embed as ollama_embed
 from inferflux.api.ollama import generate as ollama_generate
+from inferflux.api.ollama import manage as ollama_manage
 from inferflux.api.ollama import models as ollama_models
 from inferflux.api.ollama import pull as ollama_pull
 from inferflux.api.openai import chat, completions, embeddings, tokenize
@@ -110,6 +114,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (ollama_chat.router, Scope.GENERATE),
     (ollama_embed.router, Scope.GENERATE),
     (ollama_models.router, Scope.READ),
+    (ollama_manage.router, Scope.ADMIN),
+    (ollama_blobs.router, Scope.ADMIN),
     (ollama_pull.router, Scope.ADMIN),
     (admin.router, Scope.ADMIN),
     (admin_models.router, Scope.ADMIN),
@@ -117,6 +123,8 @@ _ROUTERS: tuple[tuple[APIRouter, Scope | None], ...] = (
     (anthropic_messages.router, Scope.GENERATE),
     (responses_routes.router, Scope.GENERATE),
     (responses_socket.router, Scope.GENERATE),
+    (lmstudio_routes.router, Scope.GENERATE),
+    (lmstudio_models.router, Scope.READ),
 )
 
 
@@ -184,7 +192,11 @@ def create_app(
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(CatchAllMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.server.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.server.max_request_bytes,
+        uploads_prefix=ollama_blobs.BLOBS_PREFIX,
+    )
     install_security(app, settings, access, layer)
     app.add_middleware(DrainMiddleware, drain=generation.drain)  # 503 while shutting down
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)

@@ -7,7 +7,8 @@ envelope for Starlette's 404/405, and `CatchAllMiddleware`, which turns any othe
 into a logged 500 envelope (never a traceback, never prompt text).
 
 The exceptions, with the same status (`error_body` picks the shape by path): under `/api/`
-(the Ollama-compatible routes) the body is Ollama's `{"error": "<message>"}`; under
+(the Ollama-compatible routes; not LM Studio's `/api/v0/`, which answer as OpenAI) the
+body is Ollama's `{"error": "<message>"}`; under
 `/v1/messages` Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 """
 
@@ -56,6 +57,7 @@ _EXPECTED = {
 
 
 OLLAMA_PATH_PREFIX = "/api/"
+LMSTUDIO_PATH_PREFIX = "/api/v0/"  # LM Studio's REST API: OpenAI's shapes, under /api/
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
 # Anthropic's error `type` by HTTP status (anything else: `api_error`)
 _ANTHROPIC_ERROR_TYPES = {
@@ -81,10 +83,15 @@ def anthropic_error_body(exc: InferfluxError) -> Mapping[str, object]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def is_ollama_path(path: str) -> bool:
+    """Under `/api/` (Ollama's routes) and not LM Studio's `/api/v0/` (OpenAI's shapes)."""
+    return path.startswith(OLLAMA_PATH_PREFIX) and not path.startswith(LMSTUDIO_PATH_PREFIX)
+
+
 def error_body(exc: InferfluxError, path: str = "") -> Mapping[str, object]:
-    """Ollama's `{"error": message}` for a path under `/api/`, Anthropic's body under
-    `/v1/messages`, else the OpenAI envelope."""
-    if path.startswith(OLLAMA_PATH_PREFIX):
+    """Ollama's `{"error": message}` for a path under `/api/` (not LM Studio's
+    `/api/v0/`), Anthropic's body under `/v1/messages`, else the OpenAI envelope."""
+    if is_ollama_path(path):
         return {"error": exc.message}
     if path.startswith(ANTHROPIC_PATH_PREFIX):
         return anthropic_error_body(exc)

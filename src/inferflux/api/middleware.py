@@ -90,19 +90,21 @@ class TrailingSlashMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """413 (the OpenAI envelope, code `request_too_large`) for bodies over `max_bytes`.
+    """413 (the OpenAI envelope, code `request_too_large`) for bodies over `max_bytes`,
+    except POSTs under `uploads_prefix` (Ollama's blob uploads), which bound their own.
 
     A declared Content-Length over the limit is refused before the app runs. Bodies without
     one (chunked) are counted as they stream: the app's `receive` raises RequestTooLarge
     once the count passes the limit, which the error handlers render as the same 413.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, uploads_prefix: str | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.uploads_prefix = uploads_prefix  # POSTs here bound their own bodies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self._is_upload(scope):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
@@ -125,6 +127,11 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, counting_receive, send)
+
+    def _is_upload(self, scope: Scope) -> bool:
+        prefix = self.uploads_prefix
+        path: str = scope.get("path", "")
+        return prefix is not None and scope.get("method") == "POST" and path.startswith(prefix)
 
     def _too_large(self, size: str) -> RequestTooLarge:
         return RequestTooLarge(

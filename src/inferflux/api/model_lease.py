@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel
 
 from inferflux.api.deps import json_body
-from inferflux.api.errors import OLLAMA_PATH_PREFIX
+from inferflux.api.errors import is_ollama_path
 from inferflux.api.state import app_state
 from inferflux.errors import ModelNotFound
 from inferflux.models.serving import ServingState
@@ -61,7 +61,7 @@ def lease_for(
         name, adapter = _str_field(body, "model"), _str_field(body, "adapter")
         models = app_state(request.app).models
         principal = context_of(request.scope).caller
-        ollama = request.url.path.startswith(OLLAMA_PATH_PREFIX)
+        ollama = is_ollama_path(request.url.path)
         try:
             names = models.access_names(name, adapter)
             # NOTE: before the lease, which may load the model: a caller outside the

@@ -28,7 +28,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute
 
 from inferflux.api.deps import JsonBody
-from inferflux.api.errors import ANTHROPIC_PATH_PREFIX, OLLAMA_PATH_PREFIX
+from inferflux.api.errors import ANTHROPIC_PATH_PREFIX, is_ollama_path
 
 # Any (here and below): OpenAPI documents are free-form JSON.
 Document = dict[str, Any]
@@ -241,7 +241,7 @@ def _document_errors(operation: Document, path: str) -> None:
     responses: Document = operation.setdefault("responses", {})
     responses.pop("422", None)
     schema = OPENAI_ERROR
-    if path.startswith(OLLAMA_PATH_PREFIX):
+    if is_ollama_path(path):
         schema = OLLAMA_ERROR
     elif path.startswith(ANTHROPIC_PATH_PREFIX):
         schema = ANTHROPIC_ERROR

@@ -18,6 +18,8 @@ The manifest is YAML: a list of entries (what `inferctl pull` writes to
         workers: 1
         n_batch: 256
         threads: 2
+        system: You are a terse assistant.       # Ollama: the model's system prompt
+        parameters: {temperature: 0.2, stop: ["###"]}  # Ollama: default options
         signature: 3q2+...                       # optional: ed25519, base64
       - id: tiny
         path: hf://acme/tiny-GGUF/tiny.f16.gguf@main  # a URL: downloaded once (models/download.py)
@@ -87,6 +89,35 @@ def check_model_url(path: str | None, sha256: str | None, where: str) -> None:
         )
 
 
+_INT32_MAX = 2**31 - 1
+
+
+class ModelParameters(BaseModel):
+    """A model's default sampling options (Ollama's Modelfile `PARAMETER`s): what an Ollama
+    request gets for an option it leaves unset. Only options the engine honours."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=_INT32_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    num_predict: int | None = Field(None, ge=-2, le=_INT32_MAX)
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    repeat_penalty: float | None = Field(None, ge=0.0, le=100.0)
+    repeat_last_n: int | None = Field(None, ge=-1, le=_INT32_MAX)
+    presence_penalty: float | None = Field(None, ge=-100.0, le=100.0)
+    frequency_penalty: float | None = Field(None, ge=-100.0, le=100.0)
+    stop: tuple[str, ...] | None = Field(None, max_length=16)
+
+    def options(self) -> dict[str, object]:
+        """The options set, as Ollama's `options` object."""
+        values = self.model_dump(exclude_none=True)
+        if "stop" in values:
+            values["stop"] = list(values["stop"])
+        return values
+
+
 class ManifestEntry(BaseModel):
     """One model of the manifest (also the body of an admin-API load)."""
 
@@ -127,6 +158,14 @@ class ManifestEntry(BaseModel):
     )
     source: str | None = Field(
         None, max_length=4096, description="Where the file came from (`inferctl pull`)."
+    )
+    system: str | None = Field(
+        None,
+        max_length=100_000,
+        description="Ollama: the system prompt of a chat or generate that sends none.",
+    )
+    parameters: ModelParameters | None = Field(
+        None, description="Ollama: default options for what a request leaves unset."
     )
 
     @model_validator(mode="after")

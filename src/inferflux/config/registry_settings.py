@@ -50,6 +50,14 @@ class RegistrySettings(BaseModel):
         description="Trusted ed25519 public keys (base64 of the 32 raw bytes). A manifest "
         "entry's `signature` must verify with one of them.",
     )
+    max_blob_bytes: int = Field(
+        64 * 1024**3,
+        ge=1024,
+        le=1024**4,
+        description="Largest GGUF an Ollama client may upload (POST /api/blobs/<digest>, "
+        "for `ollama create`); bodies there are bounded by this, not "
+        "server.max_request_bytes.",
+    )
     require_signatures: bool = Field(
         False, description="Refuse manifest and admin-API models that carry no signature."
     )

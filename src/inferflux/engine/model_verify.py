@@ -97,6 +97,13 @@ def sha256_of(file: BinaryIO) -> str:
         offset += n
 
 
+def sha256_of_path(path: Path) -> str:
+    """SHA-256 of the regular file at `path` (a FIFO or device is refused, never read).
+    Raises ModelFileNotFound, ModelLoadError."""
+    with _open(path) as file:
+        return sha256_of(file)
+
+
 @contextlib.contextmanager
 def verified_file(path: str | Path, expected_sha256: str | None) -> Iterator[str]:
     """Open `path`, refuse it (ModelVerificationFailed) unless it hashes to

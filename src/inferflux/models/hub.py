@@ -112,7 +112,8 @@ class ModelHub:
         view = ModelView(
             spec.model_id, spec.aliases, str(spec.path), spec.source,
             spec.model_id == self.names.default_id, state, error=errors.get(spec.model_id),
-            adapter_of=spec.base_id, adapters=spec.adapters,
+            adapter_of=spec.base_id, adapters=spec.adapters, system=spec.system,
+            parameters=spec.parameters, chat_template=spec.chat_template,
         )  # fmt: skip
         if resident is None:
             return view
@@ -159,11 +160,32 @@ class ModelHub:
         return await self.lifecycle.set_default(model_id)
 
     async def sync_manifest(self, manifest: Manifest) -> None:
+        await self._prepare_changed(manifest)
+        await self.lifecycle.sync_manifest(manifest)
+
+    async def _prepare_changed(self, manifest: Manifest) -> None:
         for entry in manifest.models:
             if entry != self.lifecycle.applied.get(entry.id):
                 with contextlib.suppress(InferfluxError):  # logged; the sync records it
                     await self.prepare(entry)
-        await self.lifecycle.sync_manifest(manifest)
+
+    async def _follow_manifest(self, watcher: ManifestWatcher) -> None:
+        """Apply the manifest file when it changed, unless this process wrote it after
+        the read began (then the next poll reads it again: a stale read never undoes an
+        admin change written to it)."""
+        num_writes = self.lifecycle.num_writes
+        manifest = await asyncio.to_thread(watcher.poll)
+        if manifest is None:
+            return
+        await self._prepare_changed(manifest)
+        if not await self.lifecycle.sync_manifest(manifest, unless_written_since=num_writes):
+            watcher.reread()
+
+    async def register(self, entry: ManifestEntry) -> LifecycleResult:
+        return await self.lifecycle.register(entry)
+
+    async def entry_of(self, name: str) -> ManifestEntry:
+        return await self.lifecycle.entry_of(name)
 
     async def prepare(self, entry: ManifestEntry) -> None:
         """Download a URL entry's file and make its `quantization`, on a thread (once:
@@ -196,9 +218,7 @@ class ModelHub:
                 self._unload_expired()
                 if self._watcher is not None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + poll_s
-                    manifest = await asyncio.to_thread(self._watcher.poll)
-                    if manifest is not None:
-                        await self.sync_manifest(manifest)
+                    await self._follow_manifest(self._watcher)
             except Exception:  # NOTE: one bad tick must not stop the housekeeping
                 logger.exception("model housekeeping failed")
 

@@ -12,6 +12,17 @@ request resolved after that gets the new model and every request that holds the 
 finishes there. The old model then drains (`ResidentModel.retire`): its workers stop,
 taking their KV and prefix cache with them, and the new model's stats start from zero. A
 load that fails changes nothing and raises.
+
+Persistence: with a manifest (`registry.path`), every admin change is written back to it
+(models/manifest_store.py), so a restart serves the same models: a load or swap adds or
+replaces the entry (its settings, aliases and default flag), `set_default` moves the flag,
+`unload(forget=True)` (Ollama's delete) removes the entry, a `register` (Ollama's create
+and copy) adds it. A plain `unload` only stops serving now: the model stays registered and
+listed in the manifest, and loads again on the next request that names it. LoRA adapter
+models are not persisted. What a change wrote counts as applied (other entries stay as
+they were applied, so an operator's pending edit is still picked up), and a watch read
+older than a write is not applied: the watch reading the file back changes nothing
+(no reload loop) and never undoes a change. Without a manifest nothing is written.
 """
 
 from __future__ import annotations
@@ -20,17 +31,27 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import yaml
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
-from inferflux.errors import Conflict, InferfluxError, ModelNotFound
+from inferflux.engine.model_verify import sha256_of_path
+from inferflux.errors import ConfigError, Conflict, InferfluxError, ModelNotFound
 from inferflux.models.catalog import Catalog
 from inferflux.models.loader import ModelLoader
+from inferflux.models.manifest_store import ManifestStore
 from inferflux.models.names import NameTable
 from inferflux.models.protocol import LifecycleResult
 from inferflux.models.residency import Residency
 from inferflux.models.resident import ResidentModel
-from inferflux.models.spec import ModelSpec, SpecSource, spec_from_adapter, spec_from_entry
+from inferflux.models.spec import (
+    ModelSpec,
+    SpecSource,
+    entry_from_spec,
+    spec_from_adapter,
+    spec_from_entry,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +70,9 @@ class Lifecycle:
         self.errors: dict[str, str] = {}  # model id → why its last load failed
         manifest = catalog.manifest
         self.applied = {e.id: e for e in manifest.models} if manifest is not None else {}
+        path = catalog.manifest_path
+        self._store = ManifestStore(path) if path is not None else None
+        self.num_writes = 0  # manifest writes so far (a read before one is stale)
 
     # -- first use ------------------------------------------------------------------------
     async def load_registered(self, model_id: str) -> ResidentModel:
@@ -85,7 +109,11 @@ class Lifecycle:
                 spec = self._names.spec(entry)
                 return await self._load_spec(spec, make_default=False)
             spec = self._admin_spec(entry)
-            return await self._load_spec(spec, make_default=entry.default)
+            new = spec.model_id not in self._names
+            result = await self._load_spec(spec, make_default=entry.default)
+            if new or entry.default:
+                result = await self._persist(result, lambda store: store.upsert(entry))
+            return result
 
     def _admin_spec(self, entry: ManifestEntry) -> ModelSpec:
         """The spec an admin `load` names: a new one, or the registered one when the
@@ -142,10 +170,12 @@ class Lifecycle:
             resident = self._residency.remove(model_id)
             if resident is not None:
                 self._residency.retire_later(resident)
-            if forget:
-                self._names.unregister(model_id)
-                self.errors.pop(model_id, None)
-            return LifecycleResult("unload", model_id, retiring=model_id if resident else None)
+            result = LifecycleResult("unload", model_id, retiring=model_id if resident else None)
+            if not forget:
+                return result
+            self._names.unregister(model_id)
+            self.errors.pop(model_id, None)
+            return await self._persist(result, lambda store: store.remove(model_id))
 
     async def load_adapter(self, entry: AdapterEntry, *, replace: bool = False) -> LifecycleResult:
         async with self.lock:
@@ -172,7 +202,8 @@ class Lifecycle:
 
     async def swap(self, entry: ManifestEntry) -> LifecycleResult:
         async with self.lock:
-            return await self._swap(entry)
+            result = await self._swap(entry)
+            return await self._persist(result, lambda store: store.upsert(entry))
 
     async def _swap(self, entry: ManifestEntry) -> LifecycleResult:
         old_spec = self._names.get(entry.id)
@@ -203,12 +234,75 @@ class Lifecycle:
         async with self.lock:
             spec = self._names.spec(model_id)
             result = await self._load_spec(spec, make_default=True)
-            return dataclasses.replace(result, action="set_default")
+            result = dataclasses.replace(result, action="set_default")
+            return await self._persist(result, lambda store: store.set_default(spec.model_id))
+
+    # -- Ollama's create and copy ---------------------------------------------------------
+    async def register(self, entry: ManifestEntry) -> LifecycleResult:
+        """Add `entry` without loading it (it loads on first use), or replace the model
+        with its id: swapped when it is resident, else its registration replaced."""
+        async with self.lock:
+            old = self._names.get(entry.id)
+            if old is not None and entry.id in self._residency:
+                result = await self._swap(entry)
+            else:
+                spec = self._spec(entry, old.source if old is not None else "admin")
+                if old is not None and old.is_default:
+                    spec = dataclasses.replace(spec, is_default=True)
+                self._names.register(spec)
+                self.errors.pop(entry.id, None)
+                result = LifecycleResult("register", entry.id)
+            return await self._persist(result, lambda store: store.upsert(entry))
+
+    async def entry_of(self, name: str) -> ManifestEntry:
+        """A manifest entry serving the file and settings of the model `name` names,
+        under its id (no aliases, not the default, unsigned). Raises ModelNotFound, and
+        Conflict for an adapter model or a file outside the models folder."""
+        spec = self._names.spec(name)
+        if spec.adapters:
+            raise Conflict(f"{spec.model_id!r} is a LoRA adapter model", param="model")
+        sha256 = spec.sha256
+        if sha256 is None:
+            sha256 = await asyncio.to_thread(sha256_of_path, spec.path)
+        try:
+            return entry_from_spec(spec, self._catalog.models_dir, sha256)
+        except ValueError:
+            raise Conflict(
+                f"the file of {spec.model_id!r} is outside the models folder (registry.models_dir)",
+                param="model",
+            ) from None
+
+    # -- persistence ----------------------------------------------------------------------
+    async def _persist(
+        self, result: LifecycleResult, change: Callable[[ManifestStore], Manifest | None]
+    ) -> LifecycleResult:
+        """Write `change` to the manifest (lock held) and record what it wrote as applied.
+        A write that fails is logged; the change in memory stands."""
+        store = self._store
+        if store is None:
+            return result
+        try:
+            written = await asyncio.to_thread(change, store)
+        except (OSError, ConfigError, yaml.YAMLError) as exc:
+            logger.error("model manifest %s not updated: %s", store.path, exc)
+            return dataclasses.replace(result, persisted=False)
+        self.num_writes += 1
+        if written is not None:
+            self.applied = _applied_after(self.applied, written, result.model_id)
+        return dataclasses.replace(result, persisted=written is not None)
 
     # -- the manifest ---------------------------------------------------------------------
-    async def sync_manifest(self, manifest: Manifest) -> None:
+    async def sync_manifest(
+        self, manifest: Manifest, *, unless_written_since: int | None = None
+    ) -> bool:
+        """Apply `manifest`; with `unless_written_since` (a `num_writes` read before the
+        file was), not when this process wrote the file since: that read may predate the
+        write, and applying it would undo the write. False when skipped (read again)."""
         async with self.lock:
+            if unless_written_since is not None and unless_written_since != self.num_writes:
+                return False
             await self._sync(manifest)
+            return True
 
     async def _sync(self, manifest: Manifest) -> None:
         wanted = {entry.id: entry for entry in manifest.models}
@@ -232,9 +326,10 @@ class Lifecycle:
                 await self._load_spec(default_spec, make_default=True)
 
     def _remove(self, model_id: str) -> None:
-        """A manifest entry is gone: unregister and retire it (lock held)."""
+        """A manifest entry is gone (an operator removed it, or an admin change written
+        earlier): unregister and retire it (lock held)."""
         spec = self._names.get(model_id)
-        if spec is None or spec.source != "manifest":
+        if spec is None or spec.source == "config":  # admin: an entry it persisted
             return
         if model_id == self._names.default_id:
             logger.error(
@@ -249,6 +344,29 @@ class Lifecycle:
         if resident is not None:
             self._residency.retire_later(resident)
         logger.info("manifest: model %s removed", model_id)
+
+
+def _applied_after(
+    applied: dict[str, ManifestEntry], written: Manifest, model_id: str
+) -> dict[str, ManifestEntry]:
+    """What is applied once this process wrote `written` for a change to `model_id`: that
+    entry as written (or gone), and the default flags as written; every other entry as
+    applied before, so an operator's edit the write carried along is still applied by the
+    watch (an entry it added, removed or changed)."""
+    entries = {entry.id: entry for entry in written.models}
+    after = dict(applied)
+    for entry_id, entry in entries.items():
+        old = applied.get(entry_id)
+        if entry_id == model_id or (old is not None and _flag_only(old, entry)):
+            after[entry_id] = entry
+    if model_id not in entries:
+        after.pop(model_id, None)
+    return after
+
+
+def _flag_only(old: ManifestEntry, new: ManifestEntry) -> bool:
+    """`new` is `old` with its default flag moved (set_default, a load with `default`)."""
+    return old.default != new.default and old.model_copy(update={"default": new.default}) == new
 
 
 @contextlib.contextmanager

@@ -36,6 +36,10 @@ class ManifestWatcher:
         self._stamp = _stamp(path)
         self.error: str | None = None  # why the current file was not applied
 
+    def reread(self) -> None:
+        """Read the file at the next poll even when it did not change since."""
+        self._stamp = None
+
     def poll(self) -> Manifest | None:
         """The new manifest when the file changed since the last poll and parses; None
         when it did not change, or is invalid (then `error` says why)."""

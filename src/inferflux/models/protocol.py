@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
-from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry
+from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry, ModelParameters
 from inferflux.engine.protocol import LoraAdapter, ModelInfo, WorkerStatus
 from inferflux.models.serving import ServingState
 
@@ -37,6 +38,9 @@ class ModelView:
     workers: tuple[WorkerStatus, ...] = ()  # of a loaded or retiring model
     adapter_of: str | None = None  # a LoRA model: the id of its base model
     adapters: tuple[LoraAdapter, ...] = ()  # a LoRA model: its adapters
+    system: str | None = None  # Ollama: its system prompt
+    parameters: ModelParameters | None = None  # Ollama: its default options
+    chat_template: str | None = None  # the template its entry sets (None: the GGUF's)
 
     def listed(self) -> bool:
         """Shown by the client-facing listings (/v1/models, /api/tags)."""
@@ -51,6 +55,7 @@ class LifecycleResult:
     model_id: str
     load_s: float | None = None  # the new model's load, when one was loaded
     retiring: str | None = None  # the id of a model being drained and retired
+    persisted: bool | None = None  # written to the manifest; None: nothing to write
 
 
 class ModelDirectory(Protocol):
@@ -100,6 +105,8 @@ class ModelLifecycle(Protocol):
     """The admin side: start, stop, load, unload, swap, set the default, follow the
     manifest, load LoRA adapters. Lifecycle changes run one at a time."""
 
+    models_dir: Path  # where manifest and admin paths resolve (and Ollama blobs live)
+
     async def start(self) -> None:
         """Start the default model's engine (raises ModelLoadError if it cannot), then
         load the other registered models up to registry.max_resident_models."""
@@ -117,8 +124,9 @@ class ModelLifecycle(Protocol):
 
     async def unload(self, model_id: str, *, forget: bool = False) -> LifecycleResult:
         """Retire a resident model (in-flight requests finish first). It stays registered
-        and loads again on the next request that names it, unless `forget` (then it is
-        unregistered: 404 from now on). Conflict for the default."""
+        (and in the manifest) and loads again on the next request that names it, unless
+        `forget` (then it is unregistered and its manifest entry removed: 404 from now
+        on). Conflict for the default."""
         ...
 
     async def load_adapter(self, entry: AdapterEntry, *, replace: bool = False) -> LifecycleResult:
@@ -141,4 +149,15 @@ class ModelLifecycle(Protocol):
     async def sync_manifest(self, manifest: Manifest) -> None:
         """Apply a changed manifest: load added entries, retire removed ones, swap changed
         ones, follow its default. Failures are logged and shown by `models()`."""
+        ...
+
+    async def register(self, entry: ManifestEntry) -> LifecycleResult:
+        """Register `entry` without loading it (Ollama's create and copy), replacing the
+        model with its id (a resident one is swapped). Written to the manifest."""
+        ...
+
+    async def entry_of(self, name: str) -> ManifestEntry:
+        """An unsigned entry serving the file and settings of the model `name` names
+        (hashing the file when its spec has no SHA-256). Raises ModelNotFound, Conflict
+        (an adapter model, a file outside the models folder)."""
         ...

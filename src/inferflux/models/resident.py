@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import hashlib
 import logging
@@ -76,7 +77,8 @@ def build_serving(
 @dataclass(slots=True, eq=False)
 class ResidentModel:
     """One loaded model. `close` frees what the engine does not own (the tokenizer); it
-    runs only once no request can touch the model any more."""
+    runs only once no request can touch the model any more. Its `serving` carries the
+    spec's request defaults (Ollama `system` and `parameters`)."""
 
     spec: ModelSpec
     serving: ServingState
@@ -92,6 +94,11 @@ class ResidentModel:
 
     def __post_init__(self) -> None:
         self._idle.set()
+        spec, serving = self.spec, self.serving
+        if (serving.system, serving.parameters) != (spec.system, spec.parameters):
+            self.serving = dataclasses.replace(
+                serving, system=spec.system, parameters=spec.parameters
+            )
 
     @property
     def model_id(self) -> str:

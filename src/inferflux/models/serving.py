@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from inferflux.config.manifest import ModelParameters
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
@@ -144,6 +145,8 @@ class ServingState:
     constraints: ConstraintCompiler  # response_format / grammar → llguidance grammars
     system_fingerprint: str
     started_at: float  # time.monotonic() when the model started serving
+    system: str | None = None  # Ollama: the system prompt when a request sends none
+    parameters: ModelParameters | None = None  # Ollama: default options
 
 
 # How the API sees a model's engine (api/app.py builds it: observed, then guarded).

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from inferflux.config.manifest import AdapterEntry, ManifestEntry, canonical_entry
+from inferflux.config.manifest import (
+    AdapterEntry,
+    ManifestEntry,
+    ModelParameters,
+    canonical_entry,
+)
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
 from inferflux.engine.protocol import LoraAdapter
@@ -41,6 +46,8 @@ class ModelSpec:
     source: SpecSource = "config"
     adapters: tuple[LoraAdapter, ...] = ()  # LoRA on top of the base weights
     base_id: str | None = None  # with adapters: the base model's id
+    system: str | None = None  # Ollama: the system prompt when a request sends none
+    parameters: ModelParameters | None = None  # Ollama: default options
 
     def names(self) -> tuple[str, ...]:
         return (self.model_id, *self.aliases)
@@ -86,7 +93,32 @@ def spec_from_entry(
         threads=entry.threads,
         chat_template=entry.chat_template,
         source=source,
+        system=entry.system,
+        parameters=entry.parameters,
     )
+
+
+def entry_from_spec(spec: ModelSpec, folder: Path, sha256: str) -> ManifestEntry:
+    """A manifest entry serving `spec`'s file with its settings (no aliases, not the
+    default, unsigned): what an Ollama copy or `create --from` starts from. `sha256` is
+    the file's (the spec's, or hashed by the caller when the spec has none). Raises
+    ValueError when the file lies outside `folder`."""
+    fields: dict[str, object] = {
+        "id": spec.model_id,
+        "path": str(spec.path.resolve().relative_to(folder.resolve())),
+        "sha256": sha256,
+    }
+    optional = {
+        "n_ctx": spec.n_ctx,
+        "workers": spec.workers,
+        "n_batch": spec.n_batch,
+        "threads": spec.threads,
+        "chat_template": spec.chat_template,
+        "system": spec.system,
+        "parameters": spec.parameters,
+    }
+    fields.update({key: value for key, value in optional.items() if value is not None})
+    return ManifestEntry.model_validate(fields)
 
 
 def spec_from_adapter(

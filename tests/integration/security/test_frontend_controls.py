@@ -152,7 +152,22 @@ FRONTENDS = [
         _grpc,
         grpc=True,
     ),
+    Frontend(
+        "lmstudio chat",
+        "/api/v0/chat/completions",
+        lambda m, t: {"model": m, "messages": _chat(m, t), "max_tokens": 2, "priority": "high"},
+        _openai,
+    ),
+    Frontend(
+        "lmstudio completions",
+        "/api/v0/completions",
+        lambda m, t: {"model": m, "prompt": t, "max_tokens": 2, "priority": "high"},
+        _openai,
+    ),
     Frontend("openai embeddings", "/v1/embeddings", lambda m, t: {"input": t}, _openai, False),
+    Frontend(
+        "lmstudio embeddings", "/api/v0/embeddings", lambda m, t: {"input": t}, _openai, False
+    ),
     Frontend("native embeddings", "/embeddings", lambda m, t: {"input": t}, _openai, False),
     Frontend("ollama embed", "/api/embed", lambda m, t: {"model": m, "input": t}, _ollama, False),
     Frontend(

@@ -18,7 +18,7 @@ import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
@@ -54,6 +54,8 @@ class AdminModelRequest(BaseModel):
     threads: int | None = None
     chat_template: str | None = None
     quantization: str | None = None
+    system: str | None = None  # Ollama: the model's system prompt
+    parameters: dict[str, JsonValue] | None = None  # Ollama: its default options
 
     def entry(self) -> ManifestEntry:
         """The fields given, as a manifest entry. Raises InvalidRequest naming a bad one."""
@@ -135,5 +137,6 @@ async def manage_model(
         "id": result.model_id,
         "load_s": None if result.load_s is None else round(result.load_s, 3),
         "retiring": result.retiring,
+        "persisted": result.persisted,
         "models": [view_json(view) for view in models.models()],
     }

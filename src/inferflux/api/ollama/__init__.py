@@ -2,8 +2,10 @@
 
 Modules: `protocol` (request bodies, options → sampling, `format`), `render` (NDJSON,
 metrics: the generation service's events as Ollama's lines), `generate`, `chat`, `embed`,
-`models` (tags, show, ps, version, `/`). Errors on `/api/*` use Ollama's
-`{"error": "..."}` body (`api/errors.py`). `router` bundles every route.
+`models` (tags, show, ps, version, `/`), and the admin-only `manage` (delete, copy,
+create) and `blobs` (uploads for create), included by the app with the admin scope.
+Errors on `/api/*` use Ollama's `{"error": "..."}` body (`api/errors.py`). `router`
+bundles the public and generation routes (not `manage` and `blobs`).
 """
 
 from fastapi import APIRouter

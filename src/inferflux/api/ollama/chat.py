@@ -83,6 +83,14 @@ class ChatShape:
 ChatServing = Annotated[ServingState, Depends(serving_for(OllamaChatRequest))]
 
 
+def with_system(messages: list[dict[str, object]], system: str | None) -> list[dict[str, object]]:
+    """The model's system prompt (`ollama create --system`) first, when the conversation
+    has messages and no system message of its own."""
+    if not system or not messages or any(m.get("role") == "system" for m in messages):
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
 @router.post("/api/chat")
 async def chat(
     request: Request,
@@ -95,7 +103,7 @@ async def chat(
     """Ollama's chat: NDJSON unless `stream` is false."""
     model = resolve_model(body.model, serving.model_info, context.caller)
     keep_alive(models, serving, body.keep_alive_s())
-    messages = body.template_messages()
+    messages = with_system(body.template_messages(), serving.system)
     tools = body.tool_plan(serving.constraints.check_schema_bounds)
     spec = ollama_spec("ollama-chat", body, ChatPrompt(messages, tools), serving, "messages")
     if not messages:

@@ -41,6 +41,7 @@ from inferflux.api.ollama.protocol import (
     format_output,
     requested_max_tokens,
     sampling_params,
+    with_model_defaults,
 )
 from inferflux.api.ollama.render import (
     OllamaRenderer,
@@ -88,20 +89,22 @@ class GenerateShape:
 def ollama_spec(
     id_prefix: str, body: GenerationBody, prompt: Prompt, serving: ServingState, param: str
 ) -> GenerationSpec:
-    """One choice of `prompt` under Ollama's `options` (a `num_predict` the context cannot
-    hold is lowered to what it leaves, as Ollama does) and `format`."""
+    """One choice of `prompt` under Ollama's `options` over the model's default
+    `parameters` (a `num_predict` the context cannot hold is lowered to what it leaves,
+    as Ollama does) and `format`."""
     n_ctx = serving.model_info.n_ctx
     logprobs = body.num_logprobs()
+    options = with_model_defaults(body.options, serving.parameters)
 
     def sampling(max_tokens: int) -> SamplingParams:
-        return sampling_params(body.options, max_tokens=max_tokens, n_ctx=n_ctx, logprobs=logprobs)
+        return sampling_params(options, max_tokens=max_tokens, n_ctx=n_ctx, logprobs=logprobs)
 
     return GenerationSpec(
         id_prefix=id_prefix,
         prompts=[prompt],
         sampling=sampling,
         prompt_param=param,
-        max_tokens=requested_max_tokens(body.options),
+        max_tokens=requested_max_tokens(options),
         clamp_max_tokens=True,
         priority=body.engine_priority(),
         output=format_output(body.format),
@@ -141,17 +144,19 @@ def check_supported(body: OllamaGenerateRequest) -> None:
         )
 
 
-def generate_prompt(body: OllamaGenerateRequest) -> Prompt:
+def generate_prompt(body: OllamaGenerateRequest, model_system: str | None = None) -> Prompt:
     """`context` (checked against the vocabulary) followed by the new prompt: the raw
-    text, or system + prompt through the chat template. BOS is added only when there is
-    no context and the text does not start with it."""
+    text, or system (the request's, else the model's `model_system`) + prompt through
+    the chat template. BOS is added only when there is no context and the text does not
+    start with it."""
     context = list(body.context or [])
     text = body.prompt or ""
     if body.raw:
         return TextPrompt(text, context_token_ids=context)
     messages: list[dict[str, object]] = []
-    if body.system:
-        messages.append({"role": "system", "content": body.system})
+    system = body.system or model_system
+    if system:
+        messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
     return ChatPrompt(messages, context_token_ids=context)
 
@@ -172,7 +177,8 @@ async def generate(
     model = resolve_model(body.model, serving.model_info, context.caller)
     keep_alive(models, serving, body.keep_alive_s())
     check_supported(body)
-    spec = ollama_spec("ollama-gen", body, generate_prompt(body), serving, "prompt")
+    prompt = generate_prompt(body, serving.system)
+    spec = ollama_spec("ollama-gen", body, prompt, serving, "prompt")
     if not body.prompt:
         return json_response(load_response(model, body.keep_alive_s(), message=False))
     renderer = OllamaRenderer(GenerateShape(model), logprobs=body.num_logprobs() is not None)

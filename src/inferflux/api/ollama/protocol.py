@@ -27,6 +27,7 @@ from inferflux.api.generation.sampler_options import SamplerOptions
 from inferflux.api.generation.spec import JsonOutput, OutputSpec
 from inferflux.api.tools.parser import new_call_id
 from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
+from inferflux.config.manifest import ModelParameters
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
 
@@ -142,6 +143,17 @@ class OllamaOptions(SamplerOptions):
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+def with_model_defaults(
+    options: OllamaOptions | None, defaults: ModelParameters | None
+) -> OllamaOptions | None:
+    """The request's options over the model's default `parameters` (`ollama create`):
+    an option the request sets wins, one it leaves unset takes the model's value."""
+    if defaults is None:
+        return options
+    given = options.model_dump(exclude_unset=True) if options is not None else {}
+    return OllamaOptions.model_validate({**defaults.options(), **given})
 
 
 def requested_max_tokens(options: OllamaOptions | None) -> int | None:

@@ -20,8 +20,10 @@ from inferflux.api.generation import (
     ChoiceOpened,
     ChoiceResult,
     Generation,
+    GenerationService,
     GenerationSpec,
     Part,
+    Renderer,
     TokenEntry,
     answer_model,
     respond,
@@ -33,9 +35,16 @@ from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.envelope import chat_chunk_choice
 from inferflux.api.openai.logprobs import chat_logprobs
 from inferflux.api.openai.protocol import ChatCompletionRequest
-from inferflux.api.openai.render import ChoiceRenderer, OpenAIRenderer, finish_reason_of
+from inferflux.api.openai.render import (
+    ChoiceRenderer,
+    Decorate,
+    OpenAIRenderer,
+    finish_reason_of,
+    undecorated,
+)
 from inferflux.api.state import ContextDep, GenerationDep
 from inferflux.models.serving import ServingState
+from inferflux.security.context import RequestContext
 
 router = APIRouter(tags=["openai"])
 
@@ -93,12 +102,25 @@ async def create_chat_completion(
     generation: GenerationDep,
 ) -> Response:
     """OpenAI chat completions (n choices), streaming (SSE) or not."""
+    return await chat_completion(request, body, serving, context, generation)
+
+
+async def chat_completion(
+    request: Request,
+    body: ChatCompletionRequest,
+    serving: ServingState,
+    context: RequestContext,
+    generation: GenerationService,
+    decorate: Decorate = undecorated,
+) -> Response:
+    """The chat completion `body` asks for, rendered by `decorate` over the OpenAI
+    renderer (the LM Studio routes add their `stats`)."""
     model = answer_model(body.model, serving.model_info, context.caller)
     reject_unsupported(body)
     spec = chat_spec(body, serving)
     logprobs = bool(body.logprobs)
 
-    def renderer_for(started: Generation) -> OpenAIRenderer:
+    def renderer_for(started: Generation) -> Renderer:
         names = ("chat.completion", "chat.completion.chunk")
         fingerprint, usage = serving.system_fingerprint, body.include_usage()
 
@@ -108,8 +130,9 @@ async def create_chat_completion(
                 return ChatChoice(index, logprobs=logprobs)
             return ToolChatChoice(index, logprobs=logprobs)
 
-        return OpenAIRenderer.of(
-            started, model, fingerprint, names, include_usage=usage, make=choice
+        return decorate(
+            started,
+            OpenAIRenderer.of(started, model, fingerprint, names, include_usage=usage, make=choice),
         )
 
     start = generation.start(serving, spec, context)

@@ -19,9 +19,11 @@ from inferflux.api.generation import (
     ChoiceOpened,
     ChoiceResult,
     Generation,
+    GenerationService,
     GenerationSpec,
     Part,
     Prompt,
+    Renderer,
     TextPrompt,
     TokenEntry,
     TokenPrompt,
@@ -33,9 +35,15 @@ from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.compat import reject_unsupported
 from inferflux.api.openai.logprobs import CompletionLogprobs
 from inferflux.api.openai.protocol import CompletionRequest
-from inferflux.api.openai.render import OpenAIRenderer, finish_reason_of
+from inferflux.api.openai.render import (
+    Decorate,
+    OpenAIRenderer,
+    finish_reason_of,
+    undecorated,
+)
 from inferflux.api.state import ContextDep, GenerationDep
 from inferflux.models.serving import ServingState
+from inferflux.security.context import RequestContext
 
 router = APIRouter(tags=["openai"])
 
@@ -111,6 +119,19 @@ async def create_completion(
     generation: GenerationDep,
 ) -> Response:
     """OpenAI (legacy) text completions: several prompts, n choices each, streaming or not."""
+    return await text_completion(request, body, serving, context, generation)
+
+
+async def text_completion(
+    request: Request,
+    body: CompletionRequest,
+    serving: ServingState,
+    context: RequestContext,
+    generation: GenerationService,
+    decorate: Decorate = undecorated,
+) -> Response:
+    """The text completion `body` asks for, rendered by `decorate` over the OpenAI
+    renderer (the LM Studio routes add their `stats`)."""
     model = answer_model(body.model, serving.model_info, context.caller)
     reject_unsupported(body)
     prompts = body.prompt_inputs()
@@ -125,11 +146,12 @@ async def create_completion(
         entries = opened.prompt_logprobs if logprobs else None
         return CompletionChoice(index, logprobs=logprobs, echo=echo, echo_entries=entries)
 
-    def renderer_for(started: Generation) -> OpenAIRenderer:
+    def renderer_for(started: Generation) -> Renderer:
         names = ("text_completion", "text_completion")
         fingerprint, usage = serving.system_fingerprint, body.include_usage()
-        return OpenAIRenderer.of(
-            started, model, fingerprint, names, include_usage=usage, make=choice
+        return decorate(
+            started,
+            OpenAIRenderer.of(started, model, fingerprint, names, include_usage=usage, make=choice),
         )
 
     start = generation.start(serving, completion_spec(body), context)

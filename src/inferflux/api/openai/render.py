@@ -28,6 +28,7 @@ from inferflux.api.generation import (
     Part,
     TokenEntry,
 )
+from inferflux.api.generation.http import Renderer
 from inferflux.api.openai.envelope import ChunkEnvelope
 from inferflux.api.sse import SSE_DONE, EventStreamResponse, sse_error
 from inferflux.engine.messages import OPENAI_FINISH_REASON
@@ -46,6 +47,11 @@ def structured_fields(result: ChoiceResult) -> dict[str, object]:
     if check is None:
         return {}
     return {"structured_output": {"valid": check.valid, "error": check.error}}
+
+
+# How another frontend that answers in OpenAI's shape adds to it (LM Studio's `stats`):
+# the renderer of a started generation → the renderer the route answers with.
+Decorate = Callable[[Generation, "OpenAIRenderer"], Renderer]
 
 
 class ChoiceRenderer(Protocol):
@@ -71,6 +77,11 @@ class ChoiceRenderer(Protocol):
 
 # (the choice's opening: its Choice and prompt logprobs) → its renderer
 ChoiceRendererFactory = Callable[[ChoiceOpened], ChoiceRenderer]
+
+
+def undecorated(generation: Generation, renderer: OpenAIRenderer) -> Renderer:
+    """The `Decorate` of the OpenAI routes themselves: the renderer as it is."""
+    return renderer
 
 
 class OpenAIRenderer:

@@ -1,0 +1,259 @@
+"""deploy/kubernetes: every overlay renders, every object validates against the Kubernetes
+schemas (custom resources against their vendored CRD schemas), every workload keeps its
+security context, probes and resources, and the pieces refer to each other correctly."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inferflux.config.loader import ENV_ALIASES, SECRET_KEYS, load_settings
+from inferflux.observability import metrics
+from tests.unit.deploy.manifests import (
+    KUBERNETES,
+    OVERLAYS,
+    Manifest,
+    by_kind,
+    crd_schema,
+    one,
+    render,
+    validate,
+    workload_problems,
+)
+
+QUEUE_METRIC = "inferflux_scheduler_queue_depth"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, list[Manifest]]:
+    """Each overlay, the base, and the cpu overlay switched to KEDA the way docs/deploy.md
+    says (one line of its kustomization.yaml), rendered from a copy of the tree."""
+    out = {name: render(KUBERNETES / "overlays" / name) for name in OVERLAYS}
+    out["base"] = render(KUBERNETES / "base")
+    tree = tmp_path_factory.mktemp("kubernetes") / "kubernetes"
+    shutil.copytree(KUBERNETES, tree)
+    kustomization = tree / "overlays" / "cpu" / "kustomization.yaml"
+    text = kustomization.read_text()
+    assert "components/autoscaling-hpa" in text
+    kustomization.write_text(text.replace("autoscaling-hpa", "autoscaling-keda"))
+    out["cpu+keda"] = render(tree / "overlays" / "cpu")
+    return out
+
+
+def test_the_overlays_render_what_the_docs_promise(rendered):
+    for name in (*OVERLAYS, "cpu+keda"):
+        kinds = {obj["kind"] for obj in rendered[name]}
+        assert {
+            "Namespace",
+            "ServiceAccount",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "ServiceMonitor",
+        } <= kinds, name
+        autoscaler = "ScaledObject" if name == "cpu+keda" else "HorizontalPodAutoscaler"
+        assert autoscaler in kinds, name
+        assert not {"HorizontalPodAutoscaler", "ScaledObject"} <= kinds, "two autoscalers"
+        namespaced = [obj for obj in rendered[name] if obj["kind"] != "Namespace"]
+        assert {obj["metadata"].get("namespace") for obj in namespaced} == {"inferflux"}, name
+    assert "PersistentVolumeClaim" in {obj["kind"] for obj in rendered["gpu"]}
+
+
+def test_every_rendered_object_validates_against_its_schema(rendered):
+    problems = [p for objects in rendered.values() for obj in objects for p in validate(obj)]
+    assert problems == []
+
+
+def test_validation_catches_a_typo_in_a_core_object_and_in_a_custom_resource(rendered):
+    deployment = copy.deepcopy(one(rendered["cpu"], "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    assert any("readinesProbe" in p for p in validate(deployment))
+    monitor = copy.deepcopy(one(rendered["cpu"], "ServiceMonitor"))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    assert any("intervall" in p for p in validate(monitor))
+    scaled = copy.deepcopy(one(rendered["cpu+keda"], "ScaledObject"))
+    scaled["spec"]["minReplicaCount"] = "two"
+    assert any("minReplicaCount" in p for p in validate(scaled))
+
+
+def test_the_vendored_crd_schemas_name_their_source_and_license():
+    for path in sorted((KUBERNETES / "schemas").glob("*.schema.yaml")):
+        header = path.read_text(encoding="utf-8").split("\n", 6)[:6]
+        assert any(line.startswith("# Source: https://github.com/") for line in header), path
+        assert any(line.startswith("# Commit: ") for line in header), path
+        assert any(line.startswith("# License: Apache-2.0") for line in header), path
+        assert crd_schema(path.name.removesuffix(".schema.yaml"))["type"] == "object"
+
+
+def test_every_workload_keeps_security_context_probes_and_resources(rendered):
+    problems = [
+        p for objects in rendered.values() for obj in objects for p in workload_problems(obj)
+    ]
+    assert problems == []
+    assert all(by_kind(objects, "Deployment") for objects in rendered.values())
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (("containers", 0, "readinessProbe"), "readinessProbe is not an httpGet on /readyz"),
+        (("containers", 0, "startupProbe"), "startupProbe is not an httpGet on /livez"),
+        (("containers", 0, "securityContext", "readOnlyRootFilesystem"), "readOnlyRootFilesystem"),
+        (("containers", 0, "resources", "requests", "cpu"), "requests.cpu != limits.cpu"),
+        (("securityContext", "seccompProfile"), "seccompProfile.type is not RuntimeDefault"),
+        (("enableServiceLinks",), "enableServiceLinks is not false"),
+        (("containers", 0, "livenessProbe"), "livenessProbe is not an httpGet on /livez"),
+        (("containers", 0, "lifecycle"), "lifecycle.preStop is missing"),
+        (("containers", 0, "securityContext", "capabilities"), "capabilities.drop is not [ALL]"),
+        (("securityContext", "runAsNonRoot"), "runAsNonRoot is not true"),
+        (("containers", 0, "resources", "limits", "memory"), "limits.memory is missing"),
+    ],
+)
+def test_a_workload_missing_a_setting_is_reported(rendered, path, expected):
+    deployment = copy.deepcopy(one(rendered["cpu"], "Deployment"))
+    node = deployment["spec"]["template"]["spec"]
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    assert any(expected in p for p in workload_problems(deployment)), workload_problems(deployment)
+
+
+def test_secrets_are_referenced_never_written(rendered):
+    for name, objects in rendered.items():
+        assert by_kind(objects, "Secret") == [], name
+        container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        env = {item["name"]: item for item in container["env"]}
+        secret_env = {n for n, key in ENV_ALIASES.items() if key in SECRET_KEYS}
+        for var in secret_env & env.keys():
+            assert "value" not in env[var], f"{name}: {var} has a literal value"
+            assert env[var]["valueFrom"]["secretKeyRef"]["name"] == "inferflux-secrets"
+        assert {"INFERFLUX_POLICY_PASSPHRASE", "INFERFLUX_AUTH_PEPPER"} <= env.keys()
+
+
+def test_the_guide_creates_the_secret_keys_the_pods_read(rendered):
+    guide = (KUBERNETES.parents[1] / "docs" / "deploy.md").read_text()
+    command = re.search(r"create secret generic inferflux-secrets((?:.*\\\n)+.*)", guide)
+    assert command is not None, "the guide no longer creates inferflux-secrets"
+    created = set(re.findall(r"--from-literal=([a-z-]+)=", command.group(1)))
+    container = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    read = {
+        e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert read == created
+
+
+def test_the_server_yaml_is_a_valid_inferflux_config(rendered, tmp_path):
+    """The ConfigMap's server.yaml loads with the real settings schema, with the pod's
+    environment (the secrets stand-ins, n_threads from the CPU limit)."""
+    for name in ("cpu", "gpu"):
+        config = one(rendered[name], "ConfigMap")["data"]["server.yaml"]
+        (tmp_path / "server.yaml").write_text(config)
+        container = one(rendered[name], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", "stand-in-secret-value") for e in container["env"]}
+        env["INFERFLUX_RUNTIME__N_THREADS"] = container["resources"]["limits"]["cpu"]
+        settings = load_settings(tmp_path / "server.yaml", env=env)
+        assert settings.server.host == "0.0.0.0"
+        assert settings.server.port == container["ports"][0]["containerPort"]
+        assert settings.registry.models_dir == "/models"
+        assert settings.auth.api_keys, "authentication must be on in a cluster"
+        assert settings.runtime.n_gpu_layers == (-1 if name == "gpu" else 0)
+        mounts = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+        for path in (settings.auth.policy_store, settings.audit.path):
+            assert path is not None and str(Path(path).parent) in mounts, path
+
+
+def test_the_service_monitor_and_network_policy_reach_the_pods(rendered):
+    objects = rendered["cpu"]
+    deployment, service = one(objects, "Deployment"), one(objects, "Service")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = one(objects, "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= service_ports
+    assert {e["path"] for e in monitor["spec"]["endpoints"]} == {"/metrics"}
+    policy = one(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert allowed == service_ports
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_the_autoscalers_scale_the_deployment_on_the_real_queue_metric(rendered):
+    assert f'"{QUEUE_METRIC}"' in inspect.getsource(metrics), "the metric was renamed"
+    hpa = one(rendered["cpu"], "HorizontalPodAutoscaler")
+    scaled = one(rendered["cpu+keda"], "ScaledObject")
+    for objects, target in ((rendered["cpu"], hpa), (rendered["cpu+keda"], scaled)):
+        assert (
+            target["spec"]["scaleTargetRef"]["name"]
+            == one(objects, "Deployment")["metadata"]["name"]
+        )
+        assert "replicas" not in one(objects, "Deployment")["spec"], "the autoscaler owns replicas"
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == QUEUE_METRIC
+    trigger = scaled["spec"]["triggers"][0]
+    assert QUEUE_METRIC in trigger["metadata"]["query"]
+    assert 'namespace="inferflux"' in trigger["metadata"]["query"]
+    assert (
+        trigger["metadata"]["threshold"]
+        == hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    )
+    assert scaled["spec"]["minReplicaCount"] == hpa["spec"]["minReplicas"]
+    adapter = yaml.safe_load(
+        (KUBERNETES / "autoscaling" / "prometheus-adapter-values.yaml").read_text()
+    )
+    (rule,) = adapter["rules"]["custom"]
+    assert QUEUE_METRIC in rule["seriesQuery"] and rule["name"]["as"] == QUEUE_METRIC
+
+
+def test_the_gpu_overlay_asks_for_a_gpu_and_shares_its_models(rendered):
+    spec = one(rendered["gpu"], "Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["image"] == "inferflux:cuda"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    (models,) = [v for v in spec["volumes"] if v["name"] == "models"]
+    assert models == {"name": "models", "persistentVolumeClaim": {"claimName": "inferflux-models"}}
+    assert one(rendered["gpu"], "PersistentVolumeClaim")["metadata"]["name"] == "inferflux-models"
+    assert (
+        one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "inferflux:cpu"
+    )
+
+
+def test_the_own_overlay_of_the_guide_replaces_the_bootstrap_digest(tmp_path):
+    """docs/deploy.md, "Deploy the cpu overlay" step 3, as written there: the overlay's
+    kustomization.yaml is taken from the guide's heredoc."""
+    guide = (KUBERNETES.parents[1] / "docs" / "deploy.md").read_text()
+    match = re.search(
+        r"cat > deploy/kubernetes/overlays/mine/kustomization.yaml <<'EOF'\n(.*?)\nEOF\n",
+        guide,
+        re.DOTALL,
+    )
+    assert match is not None, "the guide no longer shows the overlay"
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, tree)
+    mine = tree / "overlays" / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(match.group(1))
+    digest = "ab" * 32
+    config = (KUBERNETES / "base" / "server.yaml").read_text()
+    (mine / "server.yaml").write_text(re.sub("0{64}", digest, config))
+    objects = render(mine)
+    configmap = one(objects, "ConfigMap")
+    assert digest in configmap["data"]["server.yaml"]
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    (config_volume,) = [v for v in volumes if v["name"] == "config"]
+    assert config_volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert [p for obj in objects for p in validate(obj) + workload_problems(obj)] == []
