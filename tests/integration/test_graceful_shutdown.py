@@ -152,20 +152,20 @@ def test_sigterm_with_nothing_open_exits_0_at_once(tmp_path) -> None:
 
 
 def test_a_stream_that_ends_within_the_grace_ends_normally(tmp_path) -> None:
-    grace_s = 30.0  # far longer than the stream takes, even on a loaded machine
+    grace_s = 120.0  # far longer than the stream takes, even on a loaded machine
     server = _start(tmp_path, grace_s)
     try:
         record = StreamRecord()
-        body = {**LONG_STREAM, "max_tokens": 16}
+        body = {**LONG_STREAM, "max_tokens": 8}
         thread = threading.Thread(target=_read_stream, args=(server.url, record, body), daemon=True)
         thread.start()
         assert record.started.wait(60)
-        sent = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(timeout=grace_s + 10) == 0
-        assert time.monotonic() - sent < grace_s / 2  # stopped once the stream ended
-        thread.join(timeout=5)
+        thread.join(timeout=grace_s)
+        ended = time.monotonic()
         assert record.done and not record.errors
         assert record.finish_reasons == ["length"]
+        assert server.process.wait(timeout=grace_s) == 0
+        assert time.monotonic() - ended < 10  # stopped once the stream ended, not at the grace
     finally:
         server.close()
