@@ -63,6 +63,29 @@ def run_pip_audit(pins: dict[str, str]) -> tuple[dict[str, object] | None, str]:
     return None, lines[-1] if lines else f"pip-audit exited {done.returncode}"
 
 
+def classify(
+    report: dict[str, object], triaged: dict[str, dict[str, str]]
+) -> tuple[list[str], list[str], list[str]]:
+    """pip-audit's JSON report as (untriaged findings, triaged findings, packages not
+    checked). A finding is triaged when its id or one of its aliases is in `triaged`."""
+    untriaged, accepted, skipped = [], [], []
+    for dependency in report["dependencies"]:  # type: ignore[attr-defined]
+        if "skip_reason" in dependency:
+            skipped.append(dependency["name"])
+        for vuln in dependency.get("vulns", []):
+            ids = {vuln["id"], *vuln.get("aliases", [])}
+            line = (
+                f"{dependency['name']} {dependency['version']}: {vuln['id']} (fix: "
+                f"{', '.join(vuln['fix_versions']) or 'none'})"
+            )
+            decision = next((triaged[i] for i in sorted(ids) if i in triaged), None)
+            if decision is None:
+                untriaged.append(line)
+            else:
+                accepted.append(f"{line} - triaged: {decision['decision']}")
+    return untriaged, accepted, skipped
+
+
 def say(line: str, *, err: bool = False) -> None:
     (sys.stderr if err else sys.stdout).write(line + "\n")
 
@@ -79,20 +102,7 @@ def main() -> int:
             err=True,
         )
         return 1 if strict else 0
-    untriaged, accepted, skipped = [], [], []
-    for dependency in report["dependencies"]:  # type: ignore[index]
-        if "skip_reason" in dependency:
-            skipped.append(dependency["name"])
-        for vuln in dependency.get("vulns", []):
-            ids = {vuln["id"], *vuln.get("aliases", [])}
-            line = (
-                f"{dependency['name']} {dependency['version']}: {vuln['id']} (fix: "
-                f"{', '.join(vuln['fix_versions']) or 'none'})"
-            )
-            decision = next((triaged[i] for i in sorted(ids) if i in triaged), None)
-            (accepted if decision else untriaged).append(
-                f"{line} - triaged: {decision['decision']}" if decision else line
-            )
+    untriaged, accepted, skipped = classify(report, triaged)
     for line in accepted:
         say(f"audit: known, triaged in scripts/{TRIAGE.name}: {line}")
     for line in untriaged:
