@@ -24,7 +24,8 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── ServiceUnavailable              503 service_unavailable
     │   ├── NoWorkerReady               503 no_worker_ready
     │   ├── QueueFull                   503 queue_full (backpressure: above the high watermark)
-    │   └── PolicyUnavailable           503 policy_unavailable (OPA unreachable, store write)
+    │   ├── PolicyUnavailable           503 policy_unavailable (OPA unreachable, store write)
+    │   └── ShuttingDown                503 shutting_down (SIGTERM: draining, or a stream cut)
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
     │   └── EngineDeadError             500 worker_died (its worker process died)
@@ -230,6 +231,13 @@ class PolicyUnavailable(ServiceUnavailable):
     """A policy decision point (OPA) could not be reached or answered nonsense: fail closed."""
 
     code = "policy_unavailable"
+
+
+class ShuttingDown(ServiceUnavailable):
+    """The server is stopping: a new request is refused, or an open stream was still
+    running when `server.shutdown_grace_s` ran out. Another replica can take it."""
+
+    code = "shutting_down"
 
 
 class QueueTimeout(InferfluxError):

@@ -58,13 +58,22 @@ def free_port() -> int:
 class ServerProcess:
     """Starts `inferflux serve` with `args`, waits for /readyz, and stops it on close()."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None):
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        executable: str = INFERFLUX,
+        cwd: Path | None = None,
+    ):
+        """`executable`: another `inferflux` (an installed wheel's), run in `cwd`."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [INFERFLUX, "serve", "--port", str(self.port), *args],
+            [executable, "serve", "--port", str(self.port), *args],
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,9 +1,10 @@
 """`create_app`: builds the FastAPI app (state, lifespan, middleware order, routers). Nothing else.
 
 Middleware, outer to inner: request id (the request's `RequestContext`) → telemetry
-(latency metrics, the HTTP span) → CORS → audit → authentication → rate limit
-(`api/security_layer.py`) → body-size limit → catch-all 500 → trailing slashes stripped
-(no redirects) → FastAPI's exception handlers → routes.
+(latency metrics, the HTTP span) → drain (503 while shutting down, `api/drain.py`) →
+CORS → audit → authentication → rate limit (`api/security_layer.py`) → body-size limit
+→ catch-all 500 → trailing slashes stripped (no redirects) → FastAPI's exception
+handlers → routes.
 
 Every router is included with the scope its routes need (`_ROUTERS`); only the health
 probes (and /metrics when public) have none, and a test fails any route that lacks one.
@@ -35,6 +36,7 @@ from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
+from inferflux.api.drain import DrainMiddleware
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
 from inferflux.api.guarded_engine import GuardedEngine
@@ -196,6 +198,7 @@ def create_app(
         uploads_prefix=ollama_blobs.BLOBS_PREFIX,
     )
     install_security(app, settings, access, layer)
+    app.add_middleware(DrainMiddleware, drain=generation.drain)  # 503 while shutting down
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.add_middleware(RequestIdMiddleware)
     return app
@@ -278,7 +281,9 @@ async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
         ) from None
 
     def is_ready() -> bool:
-        draining = state.draining is not None and state.draining()
+        draining = state.generation.drain.draining or (
+            state.draining is not None and state.draining()
+        )
         return state.models.default_serving().engine.ready and not draining
 
     return await start_grpc_server(app, state.settings.server, is_ready)

@@ -2,26 +2,33 @@
 
 Exit codes: 2 for an invalid configuration, model manifest or a policy store that cannot
 be read (the message names the key or the problem and the fix), 1 when the default model
-cannot be verified or loaded, 3 (uvicorn's) when the engine fails to start.
+cannot be verified or loaded, 3 (uvicorn's) when the engine fails to start, 0 after a
+graceful shutdown (SIGTERM or Ctrl-C: drain for `server.shutdown_grace_s`, see
+`api/drain.py`; a second signal stops at once).
 
 `inferflux digest-key` prints the digest of a key for `auth.api_keys[].sha256`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shlex
 import socket
 import ssl
 import sys
+from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 import uvicorn
 from fastapi import FastAPI
 
+from inferflux import __version__
 from inferflux.api import create_app
+from inferflux.api.drain import Drain, drain_then_stop
 from inferflux.api.security_layer import SecurityState, build_security
 from inferflux.api.state import app_state
 from inferflux.config.loader import load_settings
@@ -37,7 +44,7 @@ from inferflux.security.api_keys import KeyDigester
 
 EXIT_CONFIG_ERROR = 2
 EXIT_MODEL_ERROR = 1
-GRACEFUL_SHUTDOWN_S = 10
+UVICORN_SHUTDOWN_S = 1
 # TLS 1.2 suites: forward secret AEAD only (TLS 1.3 suites are always AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!MD5:!DSS"
 
@@ -51,8 +58,23 @@ app = typer.Typer(
 )
 
 
+def print_version(value: bool) -> None:
+    """`--version`: print the version and exit (an eager option of both CLIs)."""
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version", help="Print the version and exit.", callback=print_version, is_eager=True
+    ),
+]
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: VersionOption = False) -> None:
     """InferFlux: an OpenAI-compatible LLM inference server on llama.cpp."""
 
 
@@ -164,6 +186,36 @@ def digest_key(
     typer.echo(KeyDigester(pepper.get_secret_value() if pepper else None).digest(key))
 
 
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM / SIGINT drains (`api/drain.py`) before it stops,
+    and a drained stop exits 0 (uvicorn re-raises a captured signal after its shutdown,
+    so the process would die by it). A second signal stops at once (uvicorn's way)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, grace_s: float) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._grace_s = grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain.draining or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        self._drain.begin()  # /readyz says 503 from now on
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        stop = partial(setattr, self, "should_exit", True)
+        self._draining = asyncio.create_task(
+            drain_then_stop(self._drain, self._grace_s, stop), name="drain"
+        )
+
+
 def _run(asgi_app: FastAPI, settings: Settings) -> None:
     tls = settings.server.tls
     config = uvicorn.Config(
@@ -171,7 +223,9 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
         host=settings.server.host,
         port=settings.server.port,
         log_config=None,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # NOTE: the drain already waited server.shutdown_grace_s; uvicorn's own wait is for
+        # the cut streams' last frames and a request that stop() raced.
+        timeout_graceful_shutdown=UVICORN_SHUTDOWN_S,
         ssl_certfile=tls.cert_path if tls.enabled else None,
         ssl_keyfile=tls.key_path if tls.enabled else None,
         ssl_ciphers=TLS12_CIPHERS,  # uvicorn's default ("TLSv1") allows CBC-SHA1 suites
@@ -179,9 +233,9 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
     config.load()
     if config.ssl is not None:
         config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2  # TLS 1.0 and 1.1 refused
-    server = uvicorn.Server(config)
-    # the app calls this when no engine worker can start: a clean stop, then exit 1
     state = app_state(asgi_app)
+    server = _DrainingServer(config, state.generation.drain, settings.server.shutdown_grace_s)
+    # the app calls this when no engine worker can start: a clean stop, then exit 1
     state.request_shutdown = lambda: setattr(server, "should_exit", True)
     state.draining = lambda: bool(server.should_exit)
     server.run(sockets=_listen_sockets(config, settings.server.ollama_port))

@@ -55,6 +55,14 @@ class ServerSettings(_Section):
         "server.host, TLS when server.tls is on. Unset: no gRPC.",
     )
     tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
+    shutdown_grace_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM (or Ctrl-C): how long open requests and streams may go on "
+        "while /readyz says 503 and new requests get 503; then the ones still open end with "
+        "a terminal event (an error event, then the stream's end) and the server exits 0.",
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description="Origins allowed by CORS (`*` = any; a comma-separated string in env). "

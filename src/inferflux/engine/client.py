@@ -66,6 +66,10 @@ _WATCHDOG_S = 0.2
 _MAX_RESTART_DELAY_S = 30.0
 _MAX_RESUBMITS = 2
 _RESUBMIT_WAIT_S = 30.0
+# A worker told to shut down aborts its requests and exits after its current step; one
+# still alive after this long is killed (it holds nothing worth saving), so that a
+# graceful stop fits the last part of server.shutdown_grace_s (api/drain.py).
+SHUTDOWN_JOIN_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -142,7 +146,7 @@ class WorkerPoolClient:
             if worker.alive():
                 with contextlib.suppress(EngineDeadError):
                     await self._send(worker, encode(Shutdown()))
-        await asyncio.to_thread(self._join_all, 5.0)
+        await asyncio.to_thread(self._join_all, SHUTDOWN_JOIN_S)
         for task in self._tasks:
             task.cancel()
         for worker in self._workers:
@@ -232,9 +236,14 @@ class WorkerPoolClient:
             await asyncio.sleep(0.05)
 
     async def abort(self, request_id: str) -> None:
+        """Abort the request in its worker and end its stream now with an ABORT delta:
+        the worker's own comes only after its current step (and is then dropped)."""
         entry = self._queues.get(request_id)
         if entry is not None:
             await self._send_abort(entry[1], request_id)
+            entry[0].put_nowait(
+                RequestDelta(request_id=request_id, finish_reason=FinishReason.ABORT)
+            )
 
     def workers(self) -> list[WorkerStatus]:
         return [

@@ -21,7 +21,9 @@ starts its counters again at 0, which Prometheus' `rate()` treats as a counter r
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import metadata
 from typing import Protocol
 
 from prometheus_client import (
@@ -33,6 +35,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from inferflux import __version__
 
 PRIORITIES = ("high", "normal", "low")
 
@@ -120,6 +124,20 @@ class WorkerView(Protocol):
     def stats(self) -> EngineStatsView: ...
 
 
+def build_info() -> dict[str, str]:
+    """The `inferflux_build_info` labels: this package's version, Python's, and the
+    installed llama-cpp-python's (read from its metadata: nothing is imported)."""
+    try:
+        llama_cpp = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        llama_cpp = "none"
+    return {
+        "version": __version__,
+        "python_version": platform.python_version(),
+        "llama_cpp_python": llama_cpp,
+    }
+
+
 class Metrics:
     """Every metric of one app, registered on `self.registry`.
 
@@ -150,6 +168,14 @@ class Metrics:
             registry=self.registry,
         )
         info_gauge.labels(**info).set(1)
+        build = build_info()
+        build_gauge = Gauge(
+            "inferflux_build_info",
+            "Always 1; the labels say which InferFlux, Python and llama-cpp-python run",
+            labelnames=sorted(build),
+            registry=self.registry,
+        )
+        build_gauge.labels(**build).set(1)
         self.registry.register(WorkerCollector(workers))
 
     def _init_http(self) -> None:

@@ -5,12 +5,15 @@ Parsed with prometheus_client's own text parser, as a scraper would read it.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
+from importlib import metadata
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import inferflux
 from inferflux.engine.messages import EngineStats, FairnessStats, PrefixCacheStats
 from inferflux.observability.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Metrics
 
@@ -155,12 +158,24 @@ def test_labels_stay_bounded() -> None:
     metrics.observe_phases("high", 0.1, 0.2)
     allowed = {"model", "route", "status", "priority", "finish_reason", "worker", "le"}
     allowed |= {"backend", "mode"}  # the info gauge only
+    allowed |= {"version", "python_version", "llama_cpp_python"}  # inferflux_build_info only
     # security: kind (requests/tokens/concurrency), outcome, mode (failure mode), stage
     # (input/output), rule (blocklist, blocklist_regex, pii:<kind>, opa), action
     allowed |= {"kind", "outcome", "stage", "rule", "action"}
     for fam in families(metrics).values():
         for sample in fam.samples:
             assert set(sample.labels) <= allowed, (sample.name, sample.labels)
+
+
+def test_build_info_carries_the_package_version() -> None:
+    fams = families(make())
+    labels = {
+        "version": inferflux.__version__,
+        "python_version": platform.python_version(),
+        "llama_cpp_python": metadata.version("llama-cpp-python"),
+    }
+    assert value(fams, "inferflux_build_info", **labels) == 1
+    assert inferflux.__version__ == metadata.version("inferflux")  # one source: __init__
 
 
 def test_observe_phases_skips_phases_a_request_never_had() -> None:

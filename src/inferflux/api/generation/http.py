@@ -18,12 +18,13 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from inferflux.api.drain import CUT
 from inferflux.api.errors import log_unexpected
 from inferflux.api.generation.events import GenerationEvent, GenerationResult
 from inferflux.api.generation.service import Generation, GenerationService
 from inferflux.api.sse import EventStreamResponse
 from inferflux.engine.protocol import EmbeddingResult
-from inferflux.errors import InferfluxError
+from inferflux.errors import InferfluxError, ShuttingDown
 from inferflux.models.serving import ServingState
 from inferflux.security.context import RequestContext
 
@@ -80,16 +81,21 @@ async def respond(
     if result is None:
         await generation.aclose()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if generation.cut:
+        raise ShuttingDown(CUT)
     return renderer.response(result)
 
 
 async def _frames(generation: Generation, renderer: Renderer) -> AsyncGenerator[bytes, None]:
     """The stream's frames; a failure becomes the dialect's error frame. Closing this
     generator (the client went away) closes the generation, which aborts the engine's
-    unfinished requests."""
+    unfinished requests. A generation cut by the server's shutdown ends with the error
+    frame of ShuttingDown, then the end frames."""
     events = generation.events()
     try:
         async for event in events:
+            if generation.cut:
+                raise ShuttingDown(CUT)
             for frame in renderer.frames(event):
                 yield frame
     except InferfluxError as exc:

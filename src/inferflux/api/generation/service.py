@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from inferflux.api.drain import Drain
 from inferflux.api.generation.events import (
     ChoiceClosed,
     ChoiceOpened,
@@ -152,6 +153,7 @@ class Generation:
         self._streams = streams
         self._texts = texts
         self._started_ns, self._submitted_ns, self._first_delta_ns = clock
+        self._cut = False
 
     @property
     def response_id(self) -> str:
@@ -194,6 +196,19 @@ class Generation:
     async def aclose(self) -> None:
         await close_all(self._streams)
 
+    @property
+    def cut(self) -> bool:
+        """True once `abort` ran (the server's shutdown grace ran out): the reader ends
+        the generation as ShuttingDown, not as a normal end."""
+        return self._cut
+
+    async def abort(self) -> None:
+        """Abort every unfinished choice in the engine, leaving the streams open: each
+        then gets its ABORT delta, so a reader blocked on the next delta wakes up."""
+        self._cut = True
+        for stream in self._streams:
+            await stream.abort()
+
     def _runs(self, *, keep: bool) -> list[ChoiceRun]:
         return [ChoiceRun(choice, self._texts, self.plan, keep) for choice in self.plan.choices]
 
@@ -227,11 +242,13 @@ def usage_of(results: list[ChoiceResult]) -> Usage:
 
 
 class GenerationService:
-    """Plans, submits and reads generations; runs embeddings. Stateless between requests;
-    one per app (`AppState.generation`)."""
+    """Plans, submits and reads generations; runs embeddings. Stateless between requests
+    but for the live generations its `drain` can cut at shutdown; one per app
+    (`AppState.generation`)."""
 
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Telemetry, drain: Drain | None = None) -> None:
         self._telemetry = telemetry
+        self.drain = drain or Drain()  # graceful shutdown: cuts live generations
 
     async def plan(
         self, serving: ServingState, spec: GenerationSpec, context: RequestContext
@@ -271,7 +288,9 @@ class GenerationService:
             await close_all(streams)
             raise
         clock = (started_ns or submitted_ns, submitted_ns, first_delta_ns)
-        return Generation(plan, streams, texts, opened, clock)
+        generation = Generation(plan, streams, texts, opened, clock)
+        self.drain.track(generation)
+        return generation
 
     async def embed(
         self,

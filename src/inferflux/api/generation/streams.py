@@ -64,6 +64,12 @@ class DeltaStream:
             self._done = True
             raise EngineError("the engine ended the request without finishing it") from None
 
+    async def abort(self) -> None:
+        """Abort the request in the engine unless it finished; the stream stays open and
+        gets the request's ABORT delta (graceful shutdown's cut)."""
+        if not self._done:
+            await self._engine.abort(self._request_id)
+
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if isinstance(self._deltas, AsyncGenerator):

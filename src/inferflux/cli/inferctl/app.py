@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from inferflux import __version__
 from inferflux.cli.inferctl import chat_repl, pull, quantize
 from inferflux.cli.inferctl.admin import admin_app
 from inferflux.cli.inferctl.admin_config import config
@@ -44,6 +45,28 @@ admin_app.add_typer(tenants_app, name="tenants")
 admin_app.command("rate-limit")(rate_limit)
 admin_app.command("guardrails")(guardrails)
 admin_app.command("config")(config)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Talk to an InferFlux server."""
+
 
 ModelOption = Annotated[
     str | None, typer.Option(help="Model id (default: the server's).", show_default=False)
