@@ -14,7 +14,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inferflux.api.ollama.manage import blob_store, record_change
+from inferflux.api.admin.changes import record_change
+from inferflux.api.ollama.manage import blob_store
 from inferflux.api.state import LifecycleDep, StateDep
 from inferflux.errors import RequestTooLarge
 from inferflux.models.blobs import digest_hex
@@ -45,5 +46,5 @@ async def upload_blob(
             f"{blobs.max_bytes} bytes (registry.max_blob_bytes)"
         )
     await blobs.write(sha256, request.stream())  # again when stored: the body is read
-    record_change(request, "model.blob_upload", f"sha256:{sha256}")
+    record_change(request, f"model.blob_upload:sha256:{sha256}", {})
     return Response(status_code=201)

@@ -21,7 +21,6 @@ same model and other tags are refused (400). Refused as not supported: `quantize
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -32,12 +31,12 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from starlette.responses import Response
 
-from inferflux.api.admin.changes import actor_of
+from inferflux.api.admin.changes import record_change
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
 from inferflux.api.model_cards import find_view
 from inferflux.api.ollama.render import NdjsonResponse, json_response, ndjson_line
-from inferflux.api.state import AppState, LifecycleDep, ModelsDep, StateDep, app_state
+from inferflux.api.state import AppState, LifecycleDep, ModelsDep, StateDep
 from inferflux.config.manifest import MODEL_NAME_PATTERN, ManifestEntry, ModelParameters
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.model_verify import resolve_in_folder, sha256_of_path
@@ -45,9 +44,7 @@ from inferflux.errors import InvalidRequest, ModelLoadError, ModelNotFound
 from inferflux.models.blobs import BLOBS_FOLDER, BlobStore, digest_hex
 from inferflux.models.manifest_store import entry_fields
 from inferflux.models.protocol import ModelDirectory, ModelLifecycle
-from inferflux.security.context import context_of
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ollama"])
 
 _LATEST = ":latest"
@@ -126,16 +123,9 @@ def blob_store(lifecycle: ModelLifecycle, state: AppState) -> BlobStore:
     return BlobStore(lifecycle.models_dir, state.settings.registry.max_blob_bytes)
 
 
-def record_change(request: Request, action: str, target: str, **details: object) -> None:
-    """Log an admin change with its actor, add it to the request's audit record and
-    write an `admin_change` audit event (ids and digests only, never secrets)."""
-    actor = actor_of(request)
-    logger.info("admin change by %s: %s %s", actor, action, target)
-    context = context_of(request.scope)
-    context.record.policy_decisions.append(f"admin:{actor}:{action}:{target}")
-    audit = app_state(request.app).security_layer.audit
-    if audit is not None:
-        audit.admin_change(context.caller, action, target, details)
+def _record(request: Request, action: str, target: str, **details: object) -> None:
+    """An admin change, logged and audited like every admin API change."""
+    record_change(request, f"{action}:{target}", details)
 
 
 @router.delete("/api/delete")
@@ -151,7 +141,7 @@ async def delete_model(
     if view is None or view.adapter_of is not None:
         raise ModelNotFound(f"model '{name}' not found", param="model")
     result = await lifecycle.unload(view.model_id, forget=True)
-    record_change(request, "model.delete", view.model_id, persisted=result.persisted)
+    _record(request, "model.delete", view.model_id, persisted=result.persisted)
     path = Path(view.path)
     await anyio.to_thread.run_sync(_forget_blob, models, blob_store(lifecycle, state), path)
     return Response(status_code=200)
@@ -166,7 +156,7 @@ async def copy_model(request: Request, body: CopyBody, lifecycle: LifecycleDep) 
     if destination != source.id:
         result = await lifecycle.register(_entry({**entry_fields(source), "id": destination}))
         details = {"source": source.id, "persisted": result.persisted}
-        record_change(request, "model.copy", destination, **details)
+        _record(request, "model.copy", destination, **details)
     return Response(status_code=200)
 
 
@@ -191,7 +181,7 @@ async def create_model(
     entry = _entry(fields)
     result = await lifecycle.register(entry)
     details = {"sha256": entry.sha256, "persisted": result.persisted}
-    record_change(request, "model.create", entry.id, **details)
+    _record(request, "model.create", entry.id, **details)
     statuses = [f"using existing layer sha256:{entry.sha256}", "writing manifest", "success"]
     if body.stream is False:
         return json_response({"status": "success"})

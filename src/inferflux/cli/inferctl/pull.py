@@ -13,7 +13,6 @@ the server code is imported lazily so the other commands start fast.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,6 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from inferflux.cli.inferctl.client import EXIT_API_ERROR, EXIT_USAGE_ERROR, fail
 
 MANIFEST_NAME = "models.yaml"
-BLOCK_SIZE = 1 << 20
 
 
 class Pulled(NamedTuple):
@@ -56,12 +54,11 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def file_sha256(path: Path) -> str:
-    """The SHA-256 of `path`, read in 1 MiB blocks (`inferctl admin` hashes files with it)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(BLOCK_SIZE):
-            digest.update(block)
-    return digest.hexdigest()
+    """The SHA-256 of `path` (`inferctl admin` hashes files with it): the server's own
+    function, imported when needed so other commands start fast."""
+    from inferflux.models.download import file_sha256 as sha256_of_file
+
+    return sha256_of_file(path)
 
 
 def update_manifest(manifest: Path, entry: dict[str, str]) -> None:
