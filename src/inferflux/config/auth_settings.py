@@ -13,6 +13,7 @@ Scope names are spelled here as literals: `config` imports no layer, so it canno
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Literal, Self
 from urllib.parse import urlsplit
@@ -245,6 +246,20 @@ class AuthSettings(_Section):
         "backup) instead of refusing to start. For one start only: it resets the "
         "recorded version.",
     )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_from_json(cls, value: object) -> object:
+        """From the environment (`INFERFLUX_AUTH__API_KEYS`, e.g. a Kubernetes Secret), the
+        list comes as JSON text: `[{"id": "ops", "sha256": "...", "roles": ["admin"]}]`."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError(
+                    "api_keys from the environment must be a JSON list of keys"
+                ) from None
+        return value
 
     @property
     def enabled(self) -> bool:

@@ -258,3 +258,15 @@ def test_security_sections_validate_and_never_quote_secrets():
         assert "secret-host" not in error.value.message
     with pytest.raises(ConfigError, match="blocklist_regex"):
         load_settings(overrides={"guardrails.blocklist_regex": ["(a)\\1"]}, env={})
+
+
+def test_api_keys_come_from_the_environment_as_a_json_list() -> None:
+    digest = "ab" * 32
+    env = {
+        "INFERFLUX_AUTH__API_KEYS": f'[{{"id": "ops", "sha256": "{digest}", "roles": ["admin"]}}]'
+    }
+    keys = load_settings(env=env).auth.api_keys
+    assert [(k.id, k.sha256, k.roles) for k in keys] == [("ops", digest, ["admin"])]
+    with pytest.raises(ConfigError, match="JSON list of keys") as caught:
+        load_settings(env={"INFERFLUX_AUTH__API_KEYS": "sk-not-json-secret"})
+    assert "sk-not-json-secret" not in caught.value.message  # a key is never quoted
