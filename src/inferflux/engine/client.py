@@ -72,6 +72,22 @@ _RESUBMIT_WAIT_S = 30.0
 SHUTDOWN_JOIN_S = 1.0
 
 
+class _Aborted(Exception):
+    """Queued by `abort`: the stream ends now, before the worker's own ABORT delta."""
+
+
+def _abort_delta(last: RequestDelta) -> RequestDelta:
+    """The ABORT delta of a request `abort` ended, with the counts of its last delta
+    (cumulative, so usage, metrics and the audit record stay right)."""
+    return RequestDelta(
+        request_id=last.request_id,
+        finish_reason=FinishReason.ABORT,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=last.num_output_tokens,
+        num_cached_tokens=last.num_cached_tokens,
+    )
+
+
 @dataclass(slots=True, eq=False)
 class _Worker:
     worker_id: int
@@ -213,14 +229,19 @@ class WorkerPoolClient:
         self._queues[request_id] = (queue, worker)
         worker.in_flight.add(request_id)
         finished = False
+        last = RequestDelta(request_id=request_id)
         try:
             await self._send(worker, encode(request))
             while True:
                 item = await queue.get()
                 if isinstance(item, Exception):
                     finished = True
+                    if isinstance(item, _Aborted):  # `abort`: end with the counts so far
+                        yield _abort_delta(last)
+                        return
                     raise item
                 finished = item.finish_reason is not None
+                last = item
                 yield item
                 if finished:
                     return
@@ -241,9 +262,7 @@ class WorkerPoolClient:
         entry = self._queues.get(request_id)
         if entry is not None:
             await self._send_abort(entry[1], request_id)
-            entry[0].put_nowait(
-                RequestDelta(request_id=request_id, finish_reason=FinishReason.ABORT)
-            )
+            entry[0].put_nowait(_Aborted())
 
     def workers(self) -> list[WorkerStatus]:
         return [
