@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.model, pytest.mark.server]
 ADMIN = "sk-live-admin-0123456789"
 ACME = "sk-live-acme-0123456789"
 GLOBEX = "sk-live-globex-0123456789"
+PEPPER = "a-live-config-test-pepper"
 LONG_PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 12
 
 
@@ -53,11 +54,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "observability": {"log_format": "json"},
         "audit": {"path": str(audit_path)},
         "auth": {
+            "pepper": PEPPER,
             "api_keys": [
                 {"key": ADMIN, "id": "admin", "roles": ["admin"], "tenant": "ops"},
                 {"key": ACME, "id": "acme", "roles": ["user"], "tenant": "acme"},
                 {"key": GLOBEX, "id": "globex", "roles": ["user"], "tenant": "globex"},
-            ]
+            ],
         },
     }
     config_path = folder / "config.yaml"
@@ -108,7 +110,8 @@ async def test_get_shows_the_settings_with_secrets_masked_and_the_live_keys(serv
     assert answer["object"] == "config"
     assert answer["config"]["scheduler"]["max_batch_tokens"] == 256
     assert {key["key"] for key in answer["config"]["auth"]["api_keys"]} == {"***"}
-    assert ADMIN not in json.dumps(answer)
+    assert answer["config"]["auth"]["pepper"] == "***"
+    assert ADMIN not in json.dumps(answer) and PEPPER not in json.dumps(answer)
     assert "scheduler.stream_interval" in answer["live"]
     assert "scheduler.max_num_seqs" not in answer["live"]
 

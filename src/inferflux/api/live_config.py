@@ -17,19 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferflux.config.live import LIVE_KEYS, patch_settings
+from inferflux.config.loader import SECRET_KEYS
 from inferflux.config.settings import Settings
 from inferflux.models.hub import ModelHub
 from inferflux.observability.logging import redact_url, update_log_policy
 
-# Values that are or may hold a secret: masked by name, URLs stripped of credentials.
+# Masked: the loader's secret keys (an API key entry by its secret fields, so the list
+# still shows ids and scopes), and the credentials of every URL.
 _SECRETS = frozenset(
-    {
-        "auth.api_keys.key",
-        "auth.api_keys.sha256",
-        "auth.pepper",
-        "auth.policy_passphrase",
-        "audit.hmac_key",
-    }
+    {key for key in SECRET_KEYS if key != "auth.api_keys"}
+    | {"auth.api_keys.key", "auth.api_keys.sha256"}
 )
 _URL_NAMES = ("url", "endpoint")
 MASK = "***"
