@@ -76,7 +76,7 @@ def patch_settings(current: Settings, patch: Mapping[str, Any], *, started: Sett
         raise InvalidRequest(f"{where}: {error['msg']}", param=where) from None
     changed = _changed(current.model_dump(), updated.model_dump(), "")
     for key in changed:
-        if not _is_live(key):
+        if key not in LIVE_KEYS:
             raise RestartRequired(_restart_message(key), param=key)
     limit = started.scheduler.max_batch_tokens
     if updated.scheduler.max_batch_tokens > limit:
@@ -131,10 +131,6 @@ def _changed(before: Any, after: Any, prefix: str) -> list[str]:
     return [
         k for name in keys for k in _changed(before.get(name), after.get(name), f"{prefix}{name}.")
     ]
-
-
-def _is_live(key: str) -> bool:
-    return key in LIVE_KEYS
 
 
 def _restart_message(key: str) -> str:

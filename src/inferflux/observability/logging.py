@@ -140,29 +140,34 @@ class RequestSampler(logging.Filter):
         self.update(settings)
 
     def update(self, settings: ObservabilitySettings) -> None:
-        default = (_LEVELS[settings.log_level], settings.log_sample_rate)
+        rate = settings.log_sample_rate
+        default = (_LEVELS[settings.log_level], _threshold(rate))
         tenants = {
             name: (
                 _LEVELS[entry.log_level or settings.log_level],
-                settings.log_sample_rate
-                if entry.log_sample_rate is None
-                else entry.log_sample_rate,
+                _threshold(rate if entry.log_sample_rate is None else entry.log_sample_rate),
             )
             for name, entry in settings.tenant_logging.items()
         }
         self._default, self._tenants = default, tenants  # two stores; readers see either
 
     def filter(self, record: logging.LogRecord) -> bool:
-        level, rate = self._tenants.get(getattr(record, "tenant", None) or "", self._default)
+        tenant = getattr(record, "tenant", None) or ""
+        level, threshold = self._tenants.get(tenant, self._default)
         if record.levelno < level:
             return False
-        if rate >= 1.0 or record.levelno >= logging.WARNING:
+        if threshold is None or record.levelno >= logging.WARNING:
             return True
         request_id = getattr(record, "request_id", None)
         if not request_id:
             return True
         digest = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
-        return int.from_bytes(digest, "big") < int(rate * 2**32)
+        return int.from_bytes(digest, "big") < threshold
+
+
+def _threshold(rate: float) -> int | None:
+    """The hash value below which a request's lines are kept; None keeps every line."""
+    return None if rate >= 1.0 else int(rate * 2**32)
 
 
 def lowest_level(settings: ObservabilitySettings) -> int:
