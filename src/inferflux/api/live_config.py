@@ -37,7 +37,7 @@ class LiveConfig:
 
     def __init__(self, settings: Settings, models: ModelHub) -> None:
         self._settings = settings
-        self._started = settings.model_copy(deep=True)
+        self._batch_limit = settings.scheduler.max_batch_tokens  # the contexts' batch
         self._models = models
         self._lock = asyncio.Lock()
 
@@ -54,7 +54,7 @@ class LiveConfig:
         changed with its new value; raises RestartRequired (409) or InvalidRequest (400)
         and changes nothing then."""
         async with self._lock:
-            patched = patch_settings(self._settings, change, started=self._started)
+            patched = patch_settings(self._settings, change, batch_limit=self._batch_limit)
             if patched.changed:
                 new = patched.settings
                 self._settings.scheduler = new.scheduler

@@ -60,12 +60,12 @@ class Patched:
     changed: tuple[str, ...]
 
 
-def patch_settings(current: Settings, patch: Mapping[str, Any], *, started: Settings) -> Patched:
+def patch_settings(current: Settings, patch: Mapping[str, Any], *, batch_limit: int) -> Patched:
     """`current` with `patch` (nested like the config file) applied, validated as a whole by
     the config schema. A key outside `LIVE_KEYS` whose value differs is `RestartRequired`;
     a value the schema refuses, an unknown key or a non-object is `InvalidRequest`.
-    `scheduler.max_batch_tokens` may not exceed `started`'s (the workers' llama.cpp batch
-    is sized at start)."""
+    `scheduler.max_batch_tokens` may not exceed `batch_limit`, its value at start (the
+    workers' llama.cpp batch is sized then)."""
     merged = current.model_dump(mode="python")
     _merge(merged, patch, "")
     try:
@@ -78,10 +78,9 @@ def patch_settings(current: Settings, patch: Mapping[str, Any], *, started: Sett
     for key in changed:
         if key not in LIVE_KEYS:
             raise RestartRequired(_restart_message(key), param=key)
-    limit = started.scheduler.max_batch_tokens
-    if updated.scheduler.max_batch_tokens > limit:
+    if updated.scheduler.max_batch_tokens > batch_limit:
         raise RestartRequired(
-            f"scheduler.max_batch_tokens above {limit}, the batch size the workers' "
+            f"scheduler.max_batch_tokens above {batch_limit}, the batch size the workers' "
             "llama.cpp contexts were made with, needs a restart",
             param="scheduler.max_batch_tokens",
         )

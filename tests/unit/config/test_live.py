@@ -12,7 +12,7 @@ STARTED = Settings.model_validate({"scheduler": {"max_batch_tokens": 256}})
 
 
 def _patch(change: dict, current: Settings = STARTED) -> tuple[Settings, tuple[str, ...]]:
-    patched = patch_settings(current, change, started=STARTED)
+    patched = patch_settings(current, change, batch_limit=STARTED.scheduler.max_batch_tokens)
     return patched.settings, patched.changed
 
 
