@@ -285,12 +285,10 @@ class WorkerPoolClient:
         self, scheduler: SchedulerSettings, observability: ObservabilitySettings
     ) -> None:
         """Live tuning: every ready worker gets the new knobs now, the others once they
-        report ready (a restarted one too). The step budget stays within the batch the
-        contexts were made with."""
-        budget = min(scheduler.max_batch_tokens, self._n_batch)
-        own = scheduler.model_copy(update={"max_batch_tokens": budget})
+        report ready (a restarted one too). Each worker keeps the step budget within its
+        context's batch (`_WorkerLoop._reconfigure`)."""
         self.settings = self.settings.model_copy(
-            update={"scheduler": own, "observability": observability}
+            update={"scheduler": scheduler, "observability": observability}
         )
         self._reconfigured = True
         for worker in self._workers:
