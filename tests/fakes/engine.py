@@ -128,6 +128,7 @@ class FakeEngineClient:
     reconfigured: list[tuple[SchedulerSettings, ObservabilitySettings]] = field(
         default_factory=list
     )
+    scaled: list[int] = field(default_factory=list)  # every scale(n), in order
 
     async def start(self) -> None:
         self.started = True
@@ -199,6 +200,10 @@ class FakeEngineClient:
     def workers(self) -> list[WorkerStatus]:
         stats = EngineStats(num_running=1, num_steps=5)
         return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats, load_s=0.5)]
+
+    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+        self.scaled.append(num_workers)
+        return self.workers()
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self.step_observers.append(observer)

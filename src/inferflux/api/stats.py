@@ -33,6 +33,8 @@ def worker_stats(status: WorkerStatus) -> dict[str, object]:
         "restarts": status.restarts,
         "num_in_flight": status.num_in_flight,
         "load_s": status.load_s,
+        "hangs": status.hangs,
+        "draining": status.draining,
         "busy": status.stats.num_running > 0,
         **msgspec.to_builtins(status.stats),
     }

@@ -158,6 +158,25 @@ class RuntimeSettings(_Section):
     worker_start_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="How long a worker may take to load its model."
     )
+    worker_hang_timeout_s: float = Field(
+        4.0,
+        ge=0,
+        le=3600,
+        description="A worker that answers no health ping for this long (alive, not "
+        "answering: no step progress while it holds work, or silent while idle) is taken "
+        "out of rotation, killed and replaced; its unstarted requests go to other workers. "
+        "Pings are answered between engine steps, so keep it above the longest step "
+        "(a max_batch_tokens prompt chunk: about 1 s for SmolLM2 on 2 cores; raise it for a "
+        "large model on CPU). 0 = off.",
+    )
+    worker_drain_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="A worker removed by runtime scaling (POST /v1/admin/workers) finishes "
+        "its in-flight requests for at most this long; what is left then ends with a "
+        "worker_died error (unstarted requests go to other workers).",
+    )
 
 
 class FairnessSettings(_Section):

@@ -2,8 +2,13 @@
 
 Owns: spawning workers, routing each request to the least-loaded ready worker, one
 receive loop that dispatches every `StepOutputs` delta to its request's asyncio.Queue,
-and a watchdog that notices a dead worker within `_WATCHDOG_S`, fails its in-flight
-requests with EngineDeadError, and starts a replacement. Does not own: engine logic.
+and a watchdog that notices a dead worker within `_WATCHDOG_S` (or a hung one, alive but
+not answering pings, within `runtime.worker_hang_timeout_s`: engine/worker_health.py),
+fails its in-flight requests with EngineDeadError, and starts a replacement; and runtime
+scaling (`scale`: workers added or drained and removed). Does not own: engine logic.
+
+Workers are keyed by `worker_id`; ids are never reused in one server's life (a replacement
+keeps its slot's id, a worker added by `scale` gets a new one).
 
 Channels: every worker connects to one Unix stream socket the API listens on and sends
 its output there as length-prefixed frames (frames.py: the event loop reads them
@@ -39,6 +44,8 @@ from inferflux.engine.messages import (
     EmbedResult,
     EngineStats,
     FinishReason,
+    Ping,
+    Pong,
     Reconfigure,
     RequestDelta,
     Shutdown,
@@ -49,11 +56,19 @@ from inferflux.engine.messages import (
     decode_output,
     encode,
 )
-from inferflux.engine.protocol import EmbeddingResult, EngineClient, ModelInfo, WorkerStatus
+from inferflux.engine.protocol import (
+    MAX_WORKERS,
+    EmbeddingResult,
+    EngineClient,
+    ModelInfo,
+    WorkerStatus,
+)
 from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
+from inferflux.engine.worker_health import WorkerHealth
 from inferflux.errors import (
     EngineDeadError,
     EngineError,
+    InvalidRequest,
     ModelLoadError,
     NoWorkerReady,
     QueueFull,
@@ -103,6 +118,10 @@ class _Worker:
     in_flight: set[str] = field(default_factory=set)
     stats: EngineStats = field(default_factory=EngineStats)
     load_s: float | None = None  # model load time reported by the latest WorkerReady
+    loaded: bool = False  # WorkerReady came; `ready` once it answers a ping too
+    health: WorkerHealth = field(default_factory=WorkerHealth)
+    draining: bool = False  # removed by `scale`: out of rotation, finishing its requests
+    stopping: bool = False  # told to shut down (drained): the watchdog leaves it alone
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -117,7 +136,10 @@ class WorkerPoolClient:
         self.settings = settings
         self.model_info = model_info
         self._in_process = settings.runtime.in_process
-        self._workers = [_Worker(worker_id=i) for i in range(settings.runtime.workers)]
+        self._workers = {i: _Worker(worker_id=i) for i in range(settings.runtime.workers)}
+        self._next_worker_id = settings.runtime.workers
+        self._scale_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
         self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], _Worker]] = {}
         self._embeds: dict[str, tuple[asyncio.Future[EmbedResult], _Worker]] = {}
         self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -133,14 +155,14 @@ class WorkerPoolClient:
     # -- EngineClient -----------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return any(w.ready for w in self._workers)
+        return any(w.ready for w in self._workers.values())
 
     async def start(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="inferflux-ipc-")
         self._output = await asyncio.get_running_loop().create_unix_server(
             lambda: FrameReader(self._on_output), path=self._output_path()
         )
-        for worker in self._workers:
+        for worker in self._workers.values():
             self._spawn(worker)
         self._tasks = [asyncio.create_task(self._watchdog(), name="engine-watchdog")]
         await self._wait_first_ready()
@@ -148,7 +170,7 @@ class WorkerPoolClient:
     async def _wait_first_ready(self) -> None:
         deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
         while not self.ready:
-            failures = [w.failed for w in self._workers if w.failed]
+            failures = [w.failed for w in self._workers.values() if w.failed]
             if len(failures) == len(self._workers):
                 raise ModelLoadError(f"no worker could load the model: {failures[0]}")
             if time.monotonic() > deadline:
@@ -157,7 +179,9 @@ class WorkerPoolClient:
 
     async def shutdown(self) -> None:
         self._closing = True
-        for worker in self._workers:
+        for task in list(self._retiring):
+            task.cancel()
+        for worker in self._workers.values():
             worker.ready = False  # late requests get NoWorkerReady (503), not a dead socket
             if worker.alive():
                 with contextlib.suppress(EngineDeadError):
@@ -165,7 +189,7 @@ class WorkerPoolClient:
         await asyncio.to_thread(self._join_all, SHUTDOWN_JOIN_S)
         for task in self._tasks:
             task.cancel()
-        for worker in self._workers:
+        for worker in self._workers.values():
             self._fail_in_flight(worker, EngineDeadError("the server is shutting down"))
             if worker.socket is not None:
                 worker.socket.close(linger=0)
@@ -201,8 +225,10 @@ class WorkerPoolClient:
 
     def queue_depth(self) -> int:
         """Requests submitted and not running yet (queued in a worker, or on the way)."""
-        in_flight = sum(len(w.in_flight) for w in self._workers)
-        return max(0, in_flight - sum(w.stats.num_running for w in self._workers))
+        workers = self._workers.values()
+        return max(
+            0, sum(len(w.in_flight) for w in workers) - sum(w.stats.num_running for w in workers)
+        )
 
     def _check_backpressure(self) -> None:
         """Raise QueueFull while the queue is above the high watermark, until it drains
@@ -274,8 +300,10 @@ class WorkerPoolClient:
                 num_in_flight=len(w.in_flight),
                 stats=w.stats,
                 load_s=w.load_s,
+                hangs=w.health.hangs,
+                draining=w.draining,
             )
-            for w in self._workers
+            for w in self._workers.values()
         ]
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
@@ -291,7 +319,7 @@ class WorkerPoolClient:
             update={"scheduler": scheduler, "observability": observability}
         )
         self._reconfigured = True
-        for worker in self._workers:
+        for worker in self._workers.values():
             if worker.ready:
                 self._push_settings(worker)
 
@@ -306,7 +334,7 @@ class WorkerPoolClient:
 
     # -- routing and dispatch -------------------------------------------------------------
     def _pick_worker(self) -> _Worker:
-        ready = [w for w in self._workers if w.ready]
+        ready = [w for w in self._workers.values() if w.ready]
         if not ready:
             raise NoWorkerReady("no engine worker is ready; retry shortly")
         return min(ready, key=lambda w: len(w.in_flight))
@@ -332,27 +360,29 @@ class WorkerPoolClient:
             raise EngineDeadError(f"the engine worker is unreachable: {exc}") from None
 
     async def _send_abort(self, worker: _Worker, request_id: str) -> None:
-        if worker.ready:
+        if worker.ready or (worker.draining and not worker.stopping):
             with contextlib.suppress(EngineDeadError):
                 await self._send(worker, encode(AbortRequests([request_id])))
 
     def _on_output(self, data: bytes) -> None:
         """One message from a worker's output channel (called by the event loop)."""
         message = decode_output(data)
-        worker = self._workers[message.worker_id]
-        if message.generation != worker.generation:
-            return  # from a worker that has been replaced
+        worker = self._workers.get(message.worker_id)
+        if worker is None or message.generation != worker.generation:
+            return  # from a worker that has been replaced or removed
+        worker.health.heard(time.monotonic())
         if isinstance(message, StepOutputs):
             worker.stats = message.stats
             if message.step is not None:
                 self._observe_step(worker.worker_id, message.step)
             self._dispatch(message.deltas)
+        elif isinstance(message, Pong):
+            if worker.health.answered(message.seq, time.monotonic()):
+                self._on_health_check(worker)
         elif isinstance(message, WorkerReady):
-            worker.ready, worker.pid, worker.failed = True, message.pid, None
+            worker.loaded, worker.pid, worker.failed = True, message.pid, None
             worker.load_s = message.load_s
-            logger.info("worker %d ready (pid %d)", worker.worker_id, message.pid)
-            if self._reconfigured:
-                self._push_settings(worker)
+            self._ping(worker)  # ready once it answers: a health check before rotation
         elif isinstance(message, WorkerFailed):
             worker.failed = message.message
         elif isinstance(message, EmbedResult):
@@ -431,17 +461,78 @@ class WorkerPoolClient:
             if owner is worker and not future.done():
                 future.set_exception(error)
 
+    # -- health ---------------------------------------------------------------------------
+    def _ping(self, worker: _Worker) -> None:
+        """Send a health ping unless one is outstanding (answered between steps)."""
+        seq = worker.health.next_ping(time.monotonic())
+        if seq is not None and worker.socket is not None:
+            with contextlib.suppress(zmq.ZMQError):  # gone: the watchdog sees it die
+                worker.socket.send(encode(Ping(seq)), zmq.NOBLOCK)
+
+    def _on_health_check(self, worker: _Worker) -> None:
+        """A worker answered a ping: a loaded one that is not in rotation joins it (a new
+        or replaced worker, after WorkerReady and one answered ping)."""
+        if not worker.loaded or worker.ready or worker.draining or self._closing:
+            return
+        worker.ready = True
+        logger.info("worker %d ready (pid %s)", worker.worker_id, worker.pid)
+        if self._reconfigured:
+            self._push_settings(worker)
+
+    def _check_health(self, worker: _Worker, now: float) -> None:
+        """One watchdog tick for a loaded worker: ping it, or take it down when hung."""
+        timeout_s = self.settings.runtime.worker_hang_timeout_s
+        if timeout_s > 0 and worker.health.hung(now, timeout_s):
+            self._on_worker_hung(worker, now, timeout_s)
+        else:
+            self._ping(worker)
+
+    def _on_worker_hung(self, worker: _Worker, now: float, timeout_s: float) -> None:
+        """Out of rotation, its requests failed (unstarted ones are resubmitted by
+        `generate`), the process killed, a replacement scheduled.
+
+        NOTE: in in-process mode a thread cannot be killed: the hung thread is abandoned
+        (its messages carry an old generation and are ignored; it keeps its memory) and a
+        new thread replaces it.
+        """
+        held = sorted(worker.in_flight)
+        worker.health.hangs += 1
+        logger.error(
+            "worker %d (pid %s) hung: no answer to a health ping for %.1f s "
+            "(runtime.worker_hang_timeout_s); it held %d requests %s; killing and replacing it",
+            worker.worker_id,
+            worker.pid,
+            timeout_s,
+            len(held),
+            held[:8],
+        )
+        worker.ready = worker.loaded = False
+        error = EngineDeadError("the engine worker stopped responding; retry the request")
+        self._fail_in_flight(worker, error)
+        if worker.process is not None:
+            worker.process.kill()  # SIGKILL: a stopped (SIGSTOP) process dies too
+        if worker.draining:
+            worker.stopping = True  # being removed: no replacement
+            return
+        worker.restarts += 1
+        worker.restart_at = now  # at the next tick
+
     # -- worker lifecycle -----------------------------------------------------------------
     async def _watchdog(self) -> None:
         while not self._closing:
             await asyncio.sleep(_WATCHDOG_S)
             now = time.monotonic()
-            for worker in self._workers:
-                if worker.restart_at and now >= worker.restart_at and not self._closing:
-                    worker.restart_at = 0.0
-                    self._spawn(worker)
-                elif not worker.restart_at and not worker.alive() and not self._closing:
+            for worker in list(self._workers.values()):
+                if self._closing or worker.stopping:
+                    continue
+                if worker.restart_at:
+                    if now >= worker.restart_at:
+                        worker.restart_at = 0.0
+                        self._spawn(worker)
+                elif not worker.alive():
                     self._on_worker_died(worker, now)
+                elif worker.loaded:
+                    self._check_health(worker, now)
 
     def _on_worker_died(self, worker: _Worker, now: float) -> None:
         exitcode = worker.process.exitcode if worker.process is not None else None
@@ -452,17 +543,98 @@ class WorkerPoolClient:
             exitcode,
             len(worker.in_flight),
         )
-        worker.ready = False
+        worker.ready = worker.loaded = False
         self._fail_in_flight(worker, EngineDeadError("the engine worker died; retry the request"))
+        if worker.draining:
+            worker.stopping = True  # being removed: no replacement
+            return
         worker.restarts += 1
         delay = 0.0 if worker.failed is None else min(2.0**worker.restarts, _MAX_RESTART_DELAY_S)
         worker.restart_at = now + delay
+
+    # -- runtime scaling ------------------------------------------------------------------
+    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+        """Run `num_workers` workers from now on (engine/protocol.py has the contract).
+        Changes run one at a time; the removed workers drain in the background."""
+        if not 1 <= num_workers <= MAX_WORKERS:
+            raise InvalidRequest(
+                f"workers must be 1..{MAX_WORKERS}, not {num_workers}", param="workers"
+            )
+        async with self._scale_lock:
+            active = [w for w in self._workers.values() if not w.draining]
+            if num_workers > len(active):
+                added = [self._add_worker() for _ in range(num_workers - len(active))]
+                await self._wait_loaded(added)
+            elif num_workers < len(active):
+                # out of rotation first: never ready, then the fewest in flight
+                by_cost = sorted(active, key=lambda w: (w.ready, len(w.in_flight)))
+                self._remove(by_cost[: len(active) - num_workers])
+            logger.info("workers scaled from %d to %d", len(active), num_workers)
+        return self.workers()
+
+    def _add_worker(self) -> _Worker:
+        worker = _Worker(worker_id=self._next_worker_id)
+        self._next_worker_id += 1
+        self._workers[worker.worker_id] = worker
+        self._spawn(worker)
+        return worker
+
+    async def _wait_loaded(self, workers: list[_Worker]) -> None:
+        """Wait until each of `workers` is ready or failed, up to worker_start_timeout_s
+        (the ones still loading join the rotation when they are ready)."""
+        deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
+        while time.monotonic() < deadline and not self._closing:
+            if all(w.ready or w.failed for w in workers):
+                return
+            await asyncio.sleep(0.05)
+
+    def _remove(self, workers: list[_Worker]) -> None:
+        for worker in workers:
+            worker.draining, worker.ready = True, False
+            logger.info(
+                "worker %d (pid %s) removed: draining %d requests",
+                worker.worker_id,
+                worker.pid,
+                len(worker.in_flight),
+            )
+        task = asyncio.create_task(self._retire(workers), name="engine-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, workers: list[_Worker]) -> None:
+        """Let `workers` finish their requests (up to runtime.worker_drain_timeout_s), fail
+        what is left (EngineDeadError: `generate` resubmits an unstarted request), then
+        stop them and forget them."""
+        deadline = time.monotonic() + self.settings.runtime.worker_drain_timeout_s
+        while any(w.in_flight for w in workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for worker in workers:
+            if worker.in_flight:
+                logger.warning(
+                    "worker %d: %d requests left after runtime.worker_drain_timeout_s; "
+                    "failing them",
+                    worker.worker_id,
+                    len(worker.in_flight),
+                )
+                error = EngineDeadError("the engine worker was removed; retry the request")
+                self._fail_in_flight(worker, error)
+            worker.stopping = True
+            if worker.alive():
+                with contextlib.suppress(EngineDeadError):
+                    await self._send(worker, encode(Shutdown()))
+        await asyncio.to_thread(self._join, workers, SHUTDOWN_JOIN_S)
+        for worker in workers:
+            if worker.socket is not None:
+                worker.socket.close(linger=0)
+            self._workers.pop(worker.worker_id, None)
+            logger.info("worker %d (pid %s) stopped", worker.worker_id, worker.pid)
 
     def _spawn(self, worker: _Worker) -> None:
         if worker.socket is not None:
             worker.socket.close(linger=0)
         worker.generation += 1
-        worker.ready, worker.pid = False, None
+        worker.ready, worker.loaded, worker.pid = False, False, None
+        worker.health.reset(time.monotonic())
         address = f"ipc://{self._ipc_dir}/in-{worker.worker_id}-{worker.generation}"
         worker.socket = self._zmq.socket(zmq.PUSH)
         worker.socket.setsockopt(zmq.SNDHWM, 0)
@@ -500,8 +672,13 @@ class WorkerPoolClient:
         )
 
     def _join_all(self, timeout_s: float) -> None:
+        self._join(list(self._workers.values()), timeout_s)
+
+    @staticmethod
+    def _join(workers: list[_Worker], timeout_s: float) -> None:
+        """Wait for `workers` to exit, together at most `timeout_s`; kill what is left."""
         deadline = time.monotonic() + timeout_s
-        for worker in self._workers:
+        for worker in workers:
             remaining = max(0.0, deadline - time.monotonic())
             if worker.process is not None:
                 worker.process.join(remaining)

@@ -4,8 +4,9 @@ This module owns the wire contract only: no logic, no I/O. Messages are encoded 
 msgpack (`encode`/`decode_input`/`decode_output`). A worker sends one `StepOutputs` per
 engine step carrying the deltas of all its requests, never one message per token.
 
-API → worker: `AddRequest`, `AbortRequests`, `Shutdown`, `EmbedRequest`.
-Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`, `EmbedResult`.
+API → worker: `AddRequest`, `AbortRequests`, `Shutdown`, `EmbedRequest`, `Reconfigure`,
+`Ping`.
+Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`, `EmbedResult`, `Pong`.
 """
 
 from __future__ import annotations
@@ -132,7 +133,14 @@ class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
     normalize: bool = True  # L2-normalize each vector
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown | EmbedRequest | Reconfigure
+class Ping(msgspec.Struct, tag="ping"):
+    """Health check: the worker answers `Pong(seq)` between engine steps, so a worker whose
+    loop stopped (a hung `llama_decode`, SIGSTOP) stops answering (engine/worker_health.py)."""
+
+    seq: int
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown | EmbedRequest | Reconfigure | Ping
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -294,7 +302,15 @@ class EmbedResult(msgspec.Struct, tag="embedded", kw_only=True):
     error: str | None = None
 
 
-EngineOutput = WorkerReady | WorkerFailed | StepOutputs | EmbedResult
+class Pong(msgspec.Struct, tag="pong", kw_only=True):
+    """The answer to `Ping(seq)`: the worker's loop is running."""
+
+    worker_id: int
+    generation: int
+    seq: int
+
+
+EngineOutput = WorkerReady | WorkerFailed | StepOutputs | EmbedResult | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _input_decoder = msgspec.msgpack.Decoder(EngineInput)

@@ -14,6 +14,8 @@ from typing import Protocol
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, StepStats
 
+MAX_WORKERS = 64  # workers of one model: `EngineClient.scale` bound, as runtime.workers
+
 
 @dataclass(frozen=True, slots=True)
 class LoraAdapter:
@@ -84,6 +86,8 @@ class WorkerStatus:
     num_in_flight: int
     stats: EngineStats
     load_s: float | None = None  # seconds its latest start took to load the model
+    hangs: int = 0  # times this worker stopped answering and was killed and replaced
+    draining: bool = False  # removed by runtime scaling: finishing its requests, then gone
 
 
 class Tokenizer(Protocol):
@@ -156,6 +160,14 @@ class EngineClient(Protocol):
 
     def workers(self) -> list[WorkerStatus]:
         """A snapshot of every worker."""
+        ...
+
+    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+        """Runtime scaling: run `num_workers` workers from now on (1..MAX_WORKERS). New
+        workers get new ids and are waited for (up to runtime.worker_start_timeout_s);
+        removed ones (fewest in flight first) leave rotation at once and finish their
+        requests in the background (runtime.worker_drain_timeout_s), then stop. Returns
+        the workers after the change (the removed ones `draining`). Lasts until restart."""
         ...
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:

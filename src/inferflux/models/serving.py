@@ -46,6 +46,8 @@ class EngineControl(Protocol):
 
     def workers(self) -> list[WorkerStatus]: ...
 
+    async def scale(self, num_workers: int) -> list[WorkerStatus]: ...
+
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None: ...
 
     async def reconfigure(
@@ -89,6 +91,9 @@ class _Forwarding:
 
     def workers(self) -> list[WorkerStatus]:
         return self._control.workers()
+
+    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+        return await self._control.scale(num_workers)
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._control.observe_steps(observer)

@@ -121,6 +121,8 @@ class WorkerView(Protocol):
     @property
     def load_s(self) -> float | None: ...
     @property
+    def hangs(self) -> int: ...
+    @property
     def stats(self) -> EngineStatsView: ...
 
 
@@ -503,12 +505,19 @@ def _liveness(workers: Sequence[WorkerView]) -> Iterator[Metric]:
         "How long the worker took to load the model at its last start",
         labels=["worker"],
     )
+    hangs = CounterMetricFamily(
+        "inferflux_worker_hangs",
+        "Times the worker stopped answering health pings and was killed and replaced",
+        labels=["worker"],
+    )
     for w in workers:
         worker = str(w.worker_id)
         up.add_metric([worker], 1.0 if w.ready else 0.0)
         restarts.add_metric([worker], w.restarts)
+        hangs.add_metric([worker], w.hangs)
         if w.load_s is not None:
             load.add_metric([worker], w.load_s)
     yield up
     yield restarts
+    yield hangs
     yield load

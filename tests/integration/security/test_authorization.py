@@ -120,6 +120,8 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
         ("PATCH", "/v1/admin/config"): ("/v1/admin/config", {"bogus": 1}, admin),
         ("GET", "/v1/admin/models"): ("/v1/admin/models", None, admin),
         ("POST", "/v1/admin/models"): ("/v1/admin/models", {}, admin),
+        ("GET", "/v1/admin/workers"): ("/v1/admin/workers", None, admin),
+        ("POST", "/v1/admin/workers"): ("/v1/admin/workers", {}, admin),
         ("GET", "/v1/admin/adapters"): ("/v1/admin/adapters", None, Scope.ADAPTER_MANAGER),
         ("POST", "/v1/admin/adapters"): ("/v1/admin/adapters", {}, Scope.ADAPTER_MANAGER),
         # the gRPC bridge's routes: 404 over HTTP once past authorization

@@ -15,10 +15,13 @@ from inferflux.engine.messages import (
     EngineOutput,
     EngineStats,
     FinishReason,
+    Ping,
+    Pong,
     Reconfigure,
     RequestDelta,
     StepOutputs,
     StepStats,
+    encode,
 )
 from inferflux.engine.worker import WorkerConfig, _WorkerLoop
 from inferflux.scheduler.request import PriorityClass
@@ -151,3 +154,19 @@ def test_reconfigure_sets_every_scheduler_knob_and_caps_the_budget_at_the_batch(
     assert loop.config.scheduling.embed_tokens_per_step == 9
     assert loop.config.max_batch_tokens == 64
     assert log_policies == [observability]
+
+
+def test_a_ping_is_answered_with_a_pong_between_steps(inputs: zmq.Socket[bytes]) -> None:
+    inputs.bind("inproc://worker-ping")
+    sender = inputs.context.socket(zmq.PUSH)
+    sender.connect("inproc://worker-ping")
+    try:
+        loop, _, outbox = _loop(inputs, interval=1)
+        sender.send(encode(Ping(7)))
+        assert inputs.poll(1000)
+        deltas: list[RequestDelta] = []
+        assert loop._drain_inputs(deltas) is False
+        assert deltas == []
+        assert outbox.sent == [Pong(worker_id=0, generation=1, seq=7)]
+    finally:
+        sender.close(linger=0)

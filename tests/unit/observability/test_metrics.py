@@ -44,6 +44,7 @@ class Worker:
     ready: bool = True
     restarts: int = 0
     load_s: float | None = 1.5
+    hangs: int = 0
     stats: EngineStats = field(default_factory=EngineStats)
 
 
@@ -113,7 +114,7 @@ def test_worker_state_is_summed_over_workers() -> None:
                                      kv_cells_total=400, waiting_by_priority={"high": 1, "low": 2},
                                      fairness=FairnessStats(preemptions=1, tokens={"normal": 5}),
                                      prefix_cache=PrefixCacheStats(hits=3, misses=1)))  # fmt: skip
-    b = Worker(1, ready=False, restarts=2, load_s=None,
+    b = Worker(1, ready=False, restarts=2, load_s=None, hangs=1,
                stats=EngineStats(num_waiting=1, kv_cells_total=400, waiting_by_priority={"low": 1},
                                  fairness=FairnessStats(preemptions=2, tokens={"normal": 7}),
                                  prefix_cache=PrefixCacheStats(hits=1, misses=3)))  # fmt: skip
@@ -130,6 +131,8 @@ def test_worker_state_is_summed_over_workers() -> None:
     assert value(fams, "inferflux_worker_up", worker="0") == 1
     assert value(fams, "inferflux_worker_up", worker="1") == 0
     assert value(fams, "inferflux_worker_restarts_total", worker="1") == 2
+    assert value(fams, "inferflux_worker_hangs_total", worker="1") == 1
+    assert value(fams, "inferflux_worker_hangs_total", worker="0") == 0
     assert value(fams, "inferflux_model_load_seconds", worker="0") == 1.5
     with pytest.raises(KeyError):  # never loaded: no sample rather than a made-up 0
         value(fams, "inferflux_model_load_seconds", worker="1")

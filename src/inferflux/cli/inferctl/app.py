@@ -1,7 +1,7 @@
 """The `inferctl` Typer app: `status`, `models list`, `completion`, `chat`, `pull`,
 `quantize`, and `admin models|adapters` (admin.py), `admin api-keys|tenants`
 (admin_keys.py), `admin rate-limit|guardrails` (admin_policy.py), `admin config`
-(admin_config.py).
+(admin_config.py), `admin workers` (admin_workers.py).
 
 Each command resolves the target (`--url`, `--host/--port`, INFERCTL_HOST), makes one
 request and prints the answer, or the raw JSON with `--json`. `chat --interactive` hands
@@ -23,6 +23,7 @@ from inferflux.cli.inferctl.admin import admin_app
 from inferflux.cli.inferctl.admin_config import config
 from inferflux.cli.inferctl.admin_keys import api_keys_app, tenants_app
 from inferflux.cli.inferctl.admin_policy import guardrails, rate_limit
+from inferflux.cli.inferctl.admin_workers import workers
 from inferflux.cli.inferctl.client import (
     EXIT_API_ERROR,
     HostOption,
@@ -45,6 +46,7 @@ admin_app.add_typer(tenants_app, name="tenants")
 admin_app.command("rate-limit")(rate_limit)
 admin_app.command("guardrails")(guardrails)
 admin_app.command("config")(config)
+admin_app.command("workers")(workers)
 
 
 def _print_version(value: bool) -> None:
