@@ -162,12 +162,21 @@ class RuntimeSettings(_Section):
         4.0,
         ge=0,
         le=3600,
-        description="A worker that answers no health ping for this long (alive, not "
-        "answering: no step progress while it holds work, or silent while idle) is taken "
-        "out of rotation, killed and replaced; its unstarted requests go to other workers. "
-        "Pings are answered between engine steps, so keep it above the longest step "
-        "(a max_batch_tokens prompt chunk: about 1 s for SmolLM2 on 2 cores; raise it for a "
-        "large model on CPU). 0 = off.",
+        description="A worker process that answers no health ping for this long (alive, "
+        "not answering: stopped, deadlocked) is taken out of rotation, killed and replaced; "
+        "its unstarted requests go to other workers, its started streams end with a "
+        "worker_died error. A heartbeat thread answers pings also during a long step, so "
+        "slow steps do not count here (see worker_step_timeout_s). 0 = off.",
+    )
+    worker_step_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="A worker whose one engine step (or embedding pass) has run this long "
+        "(no step progress while it holds work: a llama_decode that never returns) is "
+        "treated as hung, like one that stopped answering. Keep it well above the longest "
+        "healthy step: a max_batch_tokens prompt chunk takes about 1 s for SmolLM2 on 2 "
+        "cores, several seconds for a large model on CPU. 0 = off.",
     )
     worker_drain_timeout_s: float = Field(
         60.0,

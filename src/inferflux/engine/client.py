@@ -108,6 +108,7 @@ class _Worker:
     worker_id: int
     generation: int = 0
     socket: zmq.Socket[bytes] | None = None
+    health_socket: zmq.Socket[bytes] | None = None  # pings, to the worker's heartbeat
     process: mp.process.BaseProcess | None = None
     thread: threading.Thread | None = None
     pid: int | None = None
@@ -191,8 +192,7 @@ class WorkerPoolClient:
             task.cancel()
         for worker in self._workers.values():
             self._fail_in_flight(worker, EngineDeadError("the server is shutting down"))
-            if worker.socket is not None:
-                worker.socket.close(linger=0)
+            self._close_sockets(worker)
         if self._output is not None:
             self._output.close()
         self._zmq.term()
@@ -377,7 +377,7 @@ class WorkerPoolClient:
                 self._observe_step(worker.worker_id, message.step)
             self._dispatch(message.deltas)
         elif isinstance(message, Pong):
-            if worker.health.answered(message.seq, time.monotonic()):
+            if worker.health.answered(message.seq, message.busy_s, time.monotonic()):
                 self._on_health_check(worker)
         elif isinstance(message, WorkerReady):
             worker.loaded, worker.pid, worker.failed = True, message.pid, None
@@ -465,9 +465,9 @@ class WorkerPoolClient:
     def _ping(self, worker: _Worker) -> None:
         """Send a health ping unless one is outstanding (answered between steps)."""
         seq = worker.health.next_ping(time.monotonic())
-        if seq is not None and worker.socket is not None:
+        if seq is not None and worker.health_socket is not None:
             with contextlib.suppress(zmq.ZMQError):  # gone: the watchdog sees it die
-                worker.socket.send(encode(Ping(seq)), zmq.NOBLOCK)
+                worker.health_socket.send(encode(Ping(seq)), zmq.NOBLOCK)
 
     def _on_health_check(self, worker: _Worker) -> None:
         """A worker answered a ping: a loaded one that is not in rotation joins it (a new
@@ -481,13 +481,16 @@ class WorkerPoolClient:
 
     def _check_health(self, worker: _Worker, now: float) -> None:
         """One watchdog tick for a loaded worker: ping it, or take it down when hung."""
-        timeout_s = self.settings.runtime.worker_hang_timeout_s
-        if timeout_s > 0 and worker.health.hung(now, timeout_s):
-            self._on_worker_hung(worker, now, timeout_s)
+        runtime = self.settings.runtime
+        reason = worker.health.hang(
+            now, runtime.worker_hang_timeout_s, runtime.worker_step_timeout_s
+        )
+        if reason is not None:
+            self._on_worker_hung(worker, now, reason)
         else:
             self._ping(worker)
 
-    def _on_worker_hung(self, worker: _Worker, now: float, timeout_s: float) -> None:
+    def _on_worker_hung(self, worker: _Worker, now: float, reason: str) -> None:
         """Out of rotation, its requests failed (unstarted ones are resubmitted by
         `generate`), the process killed, a replacement scheduled.
 
@@ -498,11 +501,10 @@ class WorkerPoolClient:
         held = sorted(worker.in_flight)
         worker.health.hangs += 1
         logger.error(
-            "worker %d (pid %s) hung: no answer to a health ping for %.1f s "
-            "(runtime.worker_hang_timeout_s); it held %d requests %s; killing and replacing it",
+            "worker %d (pid %s) hung: %s; it held %d requests %s; killing and replacing it",
             worker.worker_id,
             worker.pid,
-            timeout_s,
+            reason,
             len(held),
             held[:8],
         )
@@ -624,22 +626,20 @@ class WorkerPoolClient:
                     await self._send(worker, encode(Shutdown()))
         await asyncio.to_thread(self._join, workers, SHUTDOWN_JOIN_S)
         for worker in workers:
-            if worker.socket is not None:
-                worker.socket.close(linger=0)
+            self._close_sockets(worker)
             self._workers.pop(worker.worker_id, None)
             logger.info("worker %d (pid %s) stopped", worker.worker_id, worker.pid)
 
     def _spawn(self, worker: _Worker) -> None:
-        if worker.socket is not None:
-            worker.socket.close(linger=0)
+        self._close_sockets(worker)
         worker.generation += 1
         worker.ready, worker.loaded, worker.pid = False, False, None
         worker.health.reset(time.monotonic())
-        address = f"ipc://{self._ipc_dir}/in-{worker.worker_id}-{worker.generation}"
-        worker.socket = self._zmq.socket(zmq.PUSH)
-        worker.socket.setsockopt(zmq.SNDHWM, 0)
-        worker.socket.bind(address)
-        config = self._worker_config(worker, address)
+        name = f"{worker.worker_id}-{worker.generation}"
+        address, health = f"ipc://{self._ipc_dir}/in-{name}", f"ipc://{self._ipc_dir}/health-{name}"
+        worker.socket = self._push_socket(address)
+        worker.health_socket = self._push_socket(health)
+        config = self._worker_config(worker, address, health)
         if self._in_process:
             worker.thread = threading.Thread(
                 target=run_worker, args=(config,), name=f"engine-{worker.worker_id}", daemon=True
@@ -656,19 +656,36 @@ class WorkerPoolClient:
         worker.process.start()
         worker.pid = worker.process.pid
 
+    def _push_socket(self, address: str) -> zmq.Socket[bytes]:
+        socket = self._zmq.socket(zmq.PUSH)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.bind(address)
+        return socket
+
+    @staticmethod
+    def _close_sockets(worker: _Worker) -> None:
+        for socket in (worker.socket, worker.health_socket):
+            if socket is not None:
+                socket.close(linger=0)
+
     def _output_path(self) -> str:
         return os.path.join(self._ipc_dir, "out.sock")
 
-    def _worker_config(self, worker: _Worker, input_address: str) -> WorkerConfig:
+    def _worker_config(self, worker: _Worker, input_address: str, health: str) -> WorkerConfig:
         scheduler = self.settings.scheduler.model_copy(update={"max_batch_tokens": self._n_batch})
+        # NOTE: the CPU threads of a worker started by `scale` (or a restart after it) are
+        # cores / the current count, unless runtime.n_threads sets them.
+        num_workers = sum(1 for w in self._workers.values() if not w.draining)
+        runtime = self.settings.runtime.model_copy(update={"workers": max(1, num_workers)})
         return worker_config(
-            self.settings.model_copy(update={"scheduler": scheduler}),
+            self.settings.model_copy(update={"scheduler": scheduler, "runtime": runtime}),
             self.model_info,
             worker_id=worker.worker_id,
             generation=worker.generation,
             input_address=input_address,
             output_address=self._output_path(),
             exit_with_parent=not self._in_process,
+            health_address=health,
         )
 
     def _join_all(self, timeout_s: float) -> None:

@@ -134,8 +134,10 @@ class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
 
 
 class Ping(msgspec.Struct, tag="ping"):
-    """Health check: the worker answers `Pong(seq)` between engine steps, so a worker whose
-    loop stopped (a hung `llama_decode`, SIGSTOP) stops answering (engine/worker_health.py)."""
+    """Health check, sent on the worker's health socket: its heartbeat thread answers
+    `Pong(seq)` at once, even during a long step (engine/heartbeat.py; the engine loop
+    answers one on its input socket between steps). A worker that answers nothing is
+    frozen (engine/worker_health.py)."""
 
     seq: int
 
@@ -303,11 +305,13 @@ class EmbedResult(msgspec.Struct, tag="embedded", kw_only=True):
 
 
 class Pong(msgspec.Struct, tag="pong", kw_only=True):
-    """The answer to `Ping(seq)`: the worker's loop is running."""
+    """The answer to `Ping(seq)`: the worker process runs; `busy_s` is how long its
+    current engine step (or embedding pass) has run, 0.0 between steps."""
 
     worker_id: int
     generation: int
     seq: int
+    busy_s: float = 0.0
 
 
 EngineOutput = WorkerReady | WorkerFailed | StepOutputs | EmbedResult | Pong

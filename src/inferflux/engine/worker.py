@@ -8,7 +8,8 @@ mode); only `WorkerConfig.exit_with_parent` and signal handling differ.
 Per step the worker sends at most one `StepOutputs`, carrying the deltas of every
 request that changed. While idle it blocks on the input socket. Embedding requests queue
 in an `EmbedQueue`; it runs one bounded forward pass after each step and each finished
-request leaves as one `EmbedResult`.
+request leaves as one `EmbedResult`. A heartbeat thread (heartbeat.py) answers the API's
+health pings, also during a long step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaC
 from inferflux.engine.core import EngineCore
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.frames import ChannelClosed, FrameWriter
+from inferflux.engine.heartbeat import Heartbeat, StepClock
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -88,6 +90,7 @@ class WorkerConfig:
     scheduling: SchedulerSettings = field(default_factory=SchedulerSettings)  # type: ignore[arg-type]
     model_sha256: str = ""  # checked before llama.cpp reads the file; "" = no check
     adapters: tuple[LoraAdapter, ...] = ()  # verified like the model, then applied
+    health_address: str = ""  # where the heartbeat thread takes pings; "" = no heartbeat
 
 
 def worker_config(
@@ -99,6 +102,7 @@ def worker_config(
     input_address: str = "",
     output_address: str = "",
     exit_with_parent: bool = True,
+    health_address: str = "",
 ) -> WorkerConfig:
     """The WorkerConfig of one worker of `inferflux serve` with these settings."""
     runtime, scheduler = settings.runtime, settings.scheduler
@@ -127,6 +131,7 @@ def worker_config(
         scheduling=scheduler,
         model_sha256=model_info.sha256,
         adapters=model_info.adapters,
+        health_address=health_address,
     )
 
 
@@ -274,7 +279,7 @@ def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) ->
     try:
         outbox = _Outbox(config.output_address, config.exit_with_parent)
         try:
-            _load_and_serve(config, inputs, outbox)
+            _load_and_serve(config, inputs, outbox, zmq_context)
         finally:
             outbox.close()
     except _ApiGone as exc:
@@ -283,7 +288,30 @@ def _serve(config: WorkerConfig, zmq_context: zmq.Context[zmq.Socket[bytes]]) ->
         inputs.close()
 
 
-def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Outbox) -> None:
+def _heartbeat(
+    config: WorkerConfig, context: zmq.Context[zmq.Socket[bytes]], outbox: _Outbox
+) -> tuple[Heartbeat | None, StepClock]:
+    clock = StepClock()
+    if not config.health_address:
+        return None, clock
+    heartbeat = Heartbeat(
+        context,
+        worker_id=config.worker_id,
+        generation=config.generation,
+        address=config.health_address,
+        output_path=config.output_address,
+        orphaned=outbox.orphaned,
+        clock=clock,
+    )
+    return heartbeat, clock
+
+
+def _load_and_serve(
+    config: WorkerConfig,
+    inputs: zmq.Socket[bytes],
+    outbox: _Outbox,
+    zmq_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
     started_at = time.monotonic()
     try:
         core = build_engine_core(config)
@@ -306,11 +334,16 @@ def _load_and_serve(config: WorkerConfig, inputs: zmq.Socket[bytes], outbox: _Ou
     )
     tracer = get_tracer(provider)
     spans = EngineSpans(tracer, config.worker_id) if tracer is not None else None
+    heartbeat, clock = _heartbeat(config, zmq_context, outbox)
     try:
+        if heartbeat is not None:
+            heartbeat.start()  # before WorkerReady: the API pings once it is ready
         outbox.send(ready)
         logger.info("worker %d ready in %.2fs", config.worker_id, ready.load_s)
-        _WorkerLoop(core, inputs, outbox, config, embeds, spans).run()
+        _WorkerLoop(core, inputs, outbox, config, embeds, spans, clock).run()
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()  # NOTE: its socket closes before the ZeroMQ context ends
         embeds.close()  # NOTE: before core.close(), which frees the model it uses
         core.close()
         if provider is not None:
@@ -326,8 +359,10 @@ class _WorkerLoop:
         config: WorkerConfig,
         embeds: EmbedQueue,
         spans: EngineSpans | None = None,
+        clock: StepClock | None = None,
     ) -> None:
         self.core = core
+        self.clock = clock if clock is not None else StepClock()  # read by the heartbeat
         self.inputs = inputs
         self.outbox = outbox
         self.config = config
@@ -352,12 +387,16 @@ class _WorkerLoop:
             step_s = 0.0
             if self.core.has_work():
                 started = time.monotonic()
+                self.clock.begin()
                 deltas.extend(self.core.step())
+                self.clock.end()
                 self._generated_at = time.monotonic()
                 step_s = self._generated_at - started
             self._send(deltas)
             if self.embeds.has_work():
+                self.clock.begin()
                 self._embed_pass(step_s)
+                self.clock.end()
             elif not deltas and not self.core.has_work() and self.outbox.orphaned():
                 logger.warning("worker %d: API process is gone; exiting", self.config.worker_id)
                 return

@@ -1,9 +1,11 @@
 """The worker's `_send` with `scheduler.stream_interval`: a step whose tokens were all held
-back sends no message, and its step stats go with the next one. Pure logic: the engine
-core and the outbox are fakes."""
+back sends no message, and its step stats go with the next one; health pings answered by
+the engine loop and by the heartbeat thread. Pure logic: the engine core and the outbox
+are fakes."""
 
 from __future__ import annotations
 
+import socket as sockets
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,7 @@ import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig
+from inferflux.engine.heartbeat import Heartbeat, StepClock
 from inferflux.engine.messages import (
     EngineOutput,
     EngineStats,
@@ -21,6 +24,7 @@ from inferflux.engine.messages import (
     RequestDelta,
     StepOutputs,
     StepStats,
+    decode_output,
     encode,
 )
 from inferflux.engine.worker import WorkerConfig, _WorkerLoop
@@ -170,3 +174,34 @@ def test_a_ping_is_answered_with_a_pong_between_steps(inputs: zmq.Socket[bytes])
         assert outbox.sent == [Pong(worker_id=0, generation=1, seq=7)]
     finally:
         sender.close(linger=0)
+
+
+def test_the_heartbeat_answers_while_the_engine_thread_is_in_a_step(tmp_path) -> None:
+    """The heartbeat thread answers a ping at once, with how long the step has run."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    out_path = str(tmp_path / "out.sock")
+    listener = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    listener.bind(out_path)
+    listener.listen(1)
+    pings = context.socket(zmq.PUSH)
+    pings.bind(f"ipc://{tmp_path}/health")
+    clock = StepClock()
+    clock.begin()  # the engine thread is inside a step
+    heartbeat = Heartbeat(context, worker_id=3, generation=2, address=f"ipc://{tmp_path}/health",
+                          output_path=out_path, orphaned=lambda: False, clock=clock)  # fmt: skip
+    heartbeat.start()
+    try:
+        connection, _ = listener.accept()
+        connection.settimeout(5)
+        pings.send(encode(Ping(9)))
+        header = connection.recv(4, sockets.MSG_WAITALL)
+        payload = connection.recv(int.from_bytes(header, "little"), sockets.MSG_WAITALL)
+        pong = decode_output(payload)
+        assert isinstance(pong, Pong) and (pong.worker_id, pong.generation, pong.seq) == (3, 2, 9)
+        assert pong.busy_s >= 0.0
+        connection.close()
+    finally:
+        heartbeat.stop()
+        pings.close(linger=0)
+        listener.close()
+        context.term()
