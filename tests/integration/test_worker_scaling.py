@@ -84,6 +84,7 @@ def test_16_streams_complete_while_scaling_2_3_1(two_workers: str) -> None:
     assert all(f in (["stop"], ["length"]) for f in finishes), finishes
     wait_until(lambda: settled(server, 1), 60, "the drained workers to stop")
     assert stats(server)["num_workers"] == 1
+    assert [w["hangs"] for w in stats(server)["workers"]] == [0]  # slow steps are no hangs
 
 
 def test_get_lists_the_default_models_workers(two_workers: str) -> None:

@@ -465,9 +465,14 @@ class WorkerPoolClient:
     def _ping(self, worker: _Worker) -> None:
         """Send a health ping unless one is outstanding (answered between steps)."""
         seq = worker.health.next_ping(time.monotonic())
-        if seq is not None and worker.health_socket is not None:
-            with contextlib.suppress(zmq.ZMQError):  # gone: the watchdog sees it die
-                worker.health_socket.send(encode(Ping(seq)), zmq.NOBLOCK)
+        if seq is None or worker.health_socket is None:
+            return
+        try:
+            worker.health_socket.send(encode(Ping(seq)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            # NOTE: no peer (yet): the heartbeat is still connecting, or the process is
+            # gone (the watchdog sees that). Not outstanding: pinged again next tick.
+            worker.health.unsent()
 
     def _on_health_check(self, worker: _Worker) -> None:
         """A worker answered a ping: a loaded one that is not in rotation joins it (a new

@@ -62,6 +62,10 @@ class WorkerHealth:
         self.ping_sent_at = now
         return self.ping_seq
 
+    def unsent(self) -> None:
+        """The ping `next_ping` numbered could not be sent: none is outstanding."""
+        self.ping_sent_at = None
+
     def hang(self, now: float, timeout_s: float, step_timeout_s: float) -> str | None:
         """Why the worker counts as hung now, or None. A deadline of 0 is off."""
         sent_at = self.ping_sent_at

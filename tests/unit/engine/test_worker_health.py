@@ -79,3 +79,11 @@ def test_a_replacement_starts_with_nothing_outstanding() -> None:
     assert hang(health, 12.0) is None
     assert health.next_ping(10.2) == 2
     assert health.hangs == 1 and health.busy_s == 0.0
+
+
+def test_a_ping_that_could_not_be_sent_is_not_outstanding() -> None:
+    health = fresh()
+    health.next_ping(0.2)
+    health.unsent()  # no peer yet: the worker's heartbeat is still connecting
+    assert hang(health, 10.0) is None
+    assert health.next_ping(10.0) == 2
