@@ -78,6 +78,12 @@ def _root(version: VersionOption = False) -> None:
     """InferFlux: an OpenAI-compatible LLM inference server on llama.cpp."""
 
 
+_ROUTING_HELP = (
+    "How requests pick a worker: prefix_affinity, least_loaded, round_robin, memory_aware "
+    "(scheduler.routing)."
+)
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
@@ -103,6 +109,7 @@ def serve(
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Run the engine on a thread (debugging).")
     ] = False,
+    routing: Annotated[str | None, typer.Option(help=_ROUTING_HELP)] = None,
     ollama_port: Annotated[
         int | None,
         typer.Option(
@@ -134,6 +141,7 @@ def serve(
         "registry.path": registry,
         "runtime.workers": workers,
         "runtime.in_process": True if in_process else None,
+        "scheduler.routing": routing,
         "auth.policy_accept_rollback": True if accept_policy_rollback else None,
     }
     try:
