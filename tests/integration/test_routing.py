@@ -45,17 +45,24 @@ async def _turn(client: httpx.AsyncClient, messages: list[dict[str, str]]) -> di
     return answer.json()
 
 
-async def _conversation(client: httpx.AsyncClient, topic: str) -> list[tuple[int, int]]:
-    """(prompt tokens, cached tokens) of each turn of one conversation."""
-    messages: list[dict[str, str]] = []
-    usage = []
-    for text in TURNS:
-        messages.append({"role": "user", "content": text.format(topic)})
-        reply = await _turn(client, messages)
-        messages.append(reply["choices"][0]["message"])
-        tokens = reply["usage"]
-        usage.append((tokens["prompt_tokens"], tokens["prompt_tokens_details"]["cached_tokens"]))
-    return usage
+async def _conversations(client: httpx.AsyncClient) -> list[list[tuple[int, int, int]]]:
+    """Every conversation of TOPICS, turn by turn, all at once (one round per turn; from
+    the second round on, one unrelated request comes first, which shifts any routing that
+    only counts requests). Per conversation: (prompt, completion, cached tokens) per turn."""
+    histories: list[list[dict[str, str]]] = [[] for _ in TOPICS]
+    usages: list[list[tuple[int, int, int]]] = [[] for _ in TOPICS]
+    for k, text in enumerate(TURNS):
+        for topic, messages in zip(TOPICS, histories, strict=True):
+            messages.append({"role": "user", "content": text.format(topic)})
+        noise = f"Spell 'routing' {k} times."
+        first = [_turn(client, [{"role": "user", "content": noise}])] if k else []
+        replies = await asyncio.gather(*first, *(_turn(client, m) for m in histories))
+        for messages, usage, reply in zip(histories, usages, replies[len(first) :], strict=True):
+            messages.append(reply["choices"][0]["message"])
+            tokens = reply["usage"]
+            cached = tokens["prompt_tokens_details"]["cached_tokens"]
+            usage.append((tokens["prompt_tokens"], tokens["completion_tokens"], cached))
+    return usages
 
 
 async def _stats(client: httpx.AsyncClient) -> dict:
@@ -65,11 +72,14 @@ async def _stats(client: httpx.AsyncClient) -> dict:
 async def test_conversations_keep_their_prefix_cache_with_two_workers(server) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
         assert (await _stats(client))["routing"]["strategy"] == "prefix_affinity"
-        usages = await asyncio.gather(*(_conversation(client, t) for t in TOPICS))
+        usages = await _conversations(client)
         stats = await _stats(client)
-    # a turn can reuse at least the whole prompt of the turn before it
-    reusable = sum(usage[k - 1][0] for usage in usages for k in range(1, len(TURNS)))
-    cached = sum(usage[k][1] for usage in usages for k in range(1, len(TURNS)))
+    # a turn can reuse the prompt and the answer of the turn before it (measured: 98% with
+    # prefix_affinity, 69% with least_loaded, 79% with round_robin; the shared system
+    # prompt is cached on both workers whichever the routing)
+    later = [(u[k - 1], u[k]) for u in usages for k in range(1, len(TURNS))]
+    reusable = sum(before[0] + before[1] for before, _ in later)
+    cached = sum(turn[2] for _, turn in later)
     assert cached >= 0.9 * reusable, (cached, reusable, usages)
     workers = stats["workers"]
     assert all(w["num_generated_tokens_total"] > 0 for w in workers)  # both served
