@@ -112,3 +112,44 @@ async def test_routing_changes_live_and_a_bad_value_is_refused(server) -> None:
         finally:
             reset = {"scheduler": {"routing": "prefix_affinity"}}
             assert (await client.patch("/v1/admin/config", json=reset)).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """One worker with room for one running sequence and one cached prefix of 512 cells:
+    KV for about one long request at a time."""
+    log = tmp_path_factory.mktemp("log") / "small.log"
+    env = {
+        "INFERFLUX_MODEL__CTX_SIZE": "512",
+        "INFERFLUX_SCHEDULER__MAX_NUM_SEQS": "1",
+        "INFERFLUX_SCHEDULER__PREFIX_CACHE__SLOTS": "1",
+    }
+    proc = ServerProcess("--routing", "memory_aware", env=env, log_path=log)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.close()
+
+
+async def test_memory_aware_refuses_what_no_worker_has_room_for(small_server) -> None:
+    async with httpx.AsyncClient(base_url=small_server.url, timeout=120) as client:
+        await _turn(client, [{"role": "user", "content": "Hi."}])  # the worker reports its KV
+        (worker,) = (await _stats(client))["workers"]
+        room = worker["kv_cells_total"] - worker["prefix_cache"]["max_tokens"]
+        need = room // 2 + 8  # one fits, two do not
+        assert need <= 512, room
+        prompt = "Once upon a time"
+        body = {"prompt": prompt, "max_tokens": need - 8, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as first:
+            assert first.status_code == 200
+            lines = first.aiter_lines()  # kept open: a closed iterator closes the stream
+            await anext(lines)  # it runs (and holds its cells)
+            second = await client.post("/v1/completions", json={**body, "stream": False})
+            await lines.aclose()
+        assert second.status_code == 503, second.text
+        assert second.headers["retry-after"]
+        error = second.json()["error"]
+        assert error["code"] == "queue_full" and "memory_aware" in error["message"]
+        stats = await _stats(client)
+    assert stats["routing"]["decisions"]["memory_aware/refused"] == 1
