@@ -1,0 +1,88 @@
+"""`inferflux router`: settings → logging → `RouterApp` → uvicorn.
+
+Exit codes: 2 for an invalid configuration (no replica given included; the message names
+the key and the fix), 0 after SIGTERM / Ctrl-C (open streams are cut by uvicorn after
+`UVICORN_SHUTDOWN_S`: the router holds no state worth draining for).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from inferflux.config.loader import load_settings
+from inferflux.errors import ConfigError
+from inferflux.observability.logging import configure_logging
+from inferflux.router import RouterApp
+
+EXIT_CONFIG_ERROR = 2
+UVICORN_SHUTDOWN_S = 5
+
+logger = logging.getLogger(__name__)
+
+
+def router(
+    replica: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica",
+            help="Base URL of an `inferflux serve` replica, e.g. http://127.0.0.1:8080 "
+            "(repeat for each; router.replicas).",
+        ),
+    ] = None,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            help="Redis URL shared by several routers for the affinity directory "
+            "(router.redis_url; prefer INFERFLUX_ROUTER__REDIS_URL: it may hold a password)."
+        ),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (router.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (router.port).")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML config file (its `router:` section).")
+    ] = None,
+) -> None:
+    """Route requests across several `inferflux serve` replicas by prefix affinity and
+    load. Flags override env vars and the config file."""
+    overrides = {
+        "router.replicas": list(replica) if replica else None,
+        "router.redis_url": redis,
+        "router.host": host,
+        "router.port": port,
+    }
+    try:
+        settings = load_settings(config, overrides=overrides)
+    except ConfigError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
+    own = settings.router
+    if not own.replicas:
+        typer.echo(
+            "inferflux: router.replicas is empty: give --replica URL (repeatable), "
+            "INFERFLUX_ROUTER__REPLICAS or `router: {replicas: [...]}` in --config",
+            err=True,
+        )
+        raise typer.Exit(EXIT_CONFIG_ERROR)
+    configure_logging(settings.observability)
+    if own.redis_url is not None:
+        logger.warning(
+            "router.redis_url is reserved and not used yet: each router keeps its own "
+            "affinity directory (docs/scaling.md)"
+        )
+    typer.echo(
+        f"InferFlux router on http://{own.host}:{own.port} over {len(own.replicas)} "
+        f"replica(s), routing {own.routing} (ready once /readyz answers 200)"
+    )
+    uvicorn.run(
+        RouterApp(own),
+        host=own.host,
+        port=own.port,
+        log_config=None,
+        timeout_graceful_shutdown=UVICORN_SHUTDOWN_S,
+        lifespan="on",
+    )

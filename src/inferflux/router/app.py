@@ -1,0 +1,170 @@
+"""The router's ASGI app: its own probes, stats and metrics; everything else proxied.
+
+Owns: `RouterApp` (pure ASGI): the lifespan (one pooled `httpx.AsyncClient` per replica,
+a first round of health checks, the `HealthMonitor`), `GET /livez` and `/healthz` (the
+process is up), `/readyz` (200 while at least one replica is in rotation), `/router/stats`
+(replicas, health, load, counters), `/metrics` (the router's own Prometheus metrics).
+Every other HTTP request goes to `Forwarder`. WebSockets (the Responses API's WebSocket
+mode) are refused with close code 1013: clients that need them talk to a replica.
+The router does no authentication: replicas enforce everything, so its own routes carry
+nothing secret (no URLs of replicas' credentials, no prompts).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import msgspec
+from prometheus_client import generate_latest
+from starlette.types import Receive, Scope, Send
+
+from inferflux.config.router_settings import RouterSettings
+from inferflux.observability.router_metrics import RouterMetrics
+from inferflux.router.health import HealthMonitor
+from inferflux.router.prefix_index import PrefixIndex
+from inferflux.router.proxy import Forwarder
+from inferflux.router.replicas import Replica, ReplicaPicker
+
+logger = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_LOCAL_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/router/stats", "/metrics"})
+_POOL_CONNECTIONS = 256  # per replica; a stream holds one for its whole length
+_encoder = msgspec.json.Encoder()
+
+
+class RouterApp:
+    """`inferflux router` as an ASGI app. Build it with the settings; uvicorn (or a test's
+    ASGI transport with lifespan) starts it."""
+
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.replicas = [Replica(i, url) for i, url in enumerate(settings.replicas)]
+        self.index = PrefixIndex(len(self.replicas), settings.affinity_max_blocks)
+        self.picker = ReplicaPicker(settings, self.index)
+        self.metrics = RouterMetrics()
+        self.clients: list[httpx.AsyncClient] = []
+        self._forwarder: Forwarder | None = None
+        self._health: HealthMonitor | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1013})
+        elif scope["path"] in _LOCAL_PATHS and scope["method"] in ("GET", "HEAD"):
+            await self._local(scope["path"], send)
+        elif self._forwarder is not None:
+            await self._forwarder.forward(scope, receive, send)
+
+    async def startup(self) -> None:
+        """Open the connection pools, check every replica once, start polling."""
+        s = self.settings
+        timeout = httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=_POOL_CONNECTIONS, max_keepalive_connections=_POOL_CONNECTIONS
+        )
+        self.clients = [
+            httpx.AsyncClient(base_url=r.url, timeout=timeout, limits=limits, trust_env=False)
+            for r in self.replicas
+        ]
+        self._forwarder = Forwarder(
+            s, self.replicas, self.clients, self.picker, self.metrics, self._ejected
+        )
+        self._health = HealthMonitor(self.replicas, self.clients, s, self._health_changed)
+        for replica in self.replicas:
+            self.metrics.healthy.labels(str(replica.index)).set(0)
+        await self._health.check_all()
+        self._health.start()
+
+    async def shutdown(self) -> None:
+        if self._health is not None:
+            await self._health.stop()
+        for client in self.clients:
+            await client.aclose()
+
+    def stats(self) -> dict[str, Any]:  # Any: a JSON document
+        """What GET /router/stats answers."""
+        return {
+            "routing": self.settings.routing,
+            "replicas": [
+                {
+                    "index": r.index,
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "load": r.load,
+                    "in_flight": r.num_in_flight,
+                    "queue_depth": r.queue_depth,
+                    "running": r.num_running,
+                    "kv_usage": r.kv_usage,
+                    "requests": r.num_requests,
+                    "ejections": r.num_ejections,
+                    "consecutive_failures": r.num_failures,
+                    "last_error": r.last_error,
+                    "affinity_blocks": self.index.size(r.index),
+                }
+                for r in self.replicas
+            ],
+            "decisions": _counter_values(self.metrics, "inferflux_router_routing_decisions"),
+            "retries": _counter_values(self.metrics, "inferflux_router_retries"),
+        }
+
+    def _ejected(self, replica: Replica) -> None:
+        self._health_changed(replica, False)
+
+    def _health_changed(self, replica: Replica, healthy: bool) -> None:
+        label = str(replica.index)
+        self.metrics.healthy.labels(label).set(1 if healthy else 0)
+        if not healthy:
+            self.metrics.ejections.labels(label).inc()
+            self.index.forget(replica.index)  # its prefix cache is gone or going
+
+    async def _local(self, path: str, send: Send) -> None:
+        if path == "/metrics":
+            await _respond(send, 200, generate_latest(self.metrics.registry), METRICS_CONTENT_TYPE)
+            return
+        if path == "/router/stats":
+            body: dict[str, Any] = self.stats()  # Any: a JSON document
+            status = 200
+        elif path == "/readyz":
+            num_healthy = sum(r.healthy for r in self.replicas)
+            status = 200 if num_healthy else 503
+            body = {
+                "status": "ready" if num_healthy else "no replica ready",
+                "replicas_healthy": num_healthy,
+                "replicas": len(self.replicas),
+            }
+        else:
+            body, status = {"status": "alive"}, 200
+        await _respond(send, status, _encoder.encode(body), b"application/json")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _counter_values(metrics: RouterMetrics, name: str) -> dict[str, float]:
+    """A labelled counter's values by its one label (for /router/stats)."""
+    values: dict[str, float] = {}
+    for family in metrics.registry.collect():
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                values[next(iter(sample.labels.values()))] = sample.value
+    return values
