@@ -39,8 +39,13 @@ class RouterApp:
     """`inferflux router` as an ASGI app. Build it with the settings; uvicorn (or a test's
     ASGI transport with lifespan) starts it."""
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(
+        self, settings: RouterSettings, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        """`transport`: how the replicas are reached (default: TCP); unit tests of the
+        routing logic pass a mock one."""
         self.settings = settings
+        self._transport = transport
         self.replicas = [Replica(i, url) for i, url in enumerate(settings.replicas)]
         self.index = PrefixIndex(len(self.replicas), settings.affinity_max_blocks)
         self.picker = ReplicaPicker(settings, self.index)
@@ -67,7 +72,13 @@ class RouterApp:
             max_connections=_POOL_CONNECTIONS, max_keepalive_connections=_POOL_CONNECTIONS
         )
         self.clients = [
-            httpx.AsyncClient(base_url=r.url, timeout=timeout, limits=limits, trust_env=False)
+            httpx.AsyncClient(
+                base_url=r.url,
+                timeout=timeout,
+                limits=limits,
+                trust_env=False,
+                transport=self._transport,
+            )
             for r in self.replicas
         ]
         self._forwarder = Forwarder(

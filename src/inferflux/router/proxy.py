@@ -104,12 +104,10 @@ class Forwarder:
         body = await _read_body(receive, self._settings.max_request_bytes)
         if body is None:
             limit = self._settings.max_request_bytes
-            await error_response(
-                send,
-                RequestTooLarge(
-                    f"request body larger than {limit} bytes (router.max_request_bytes)"
-                ),
+            error = RequestTooLarge(
+                f"request body larger than {limit} bytes (router.max_request_bytes)"
             )
+            await error_response(send, error, scope["path"])
             return
         call = _Call(
             scope,
@@ -134,7 +132,7 @@ class Forwarder:
                 return
         self._metrics.unavailable.inc()
         error = ServiceUnavailable("no replica is available to serve this request; retry later")
-        await error_response(send, error)
+        await error_response(send, error, scope["path"])
 
     def _prompt_key(self, call: _Call) -> PromptKey:
         """Block hashes of the body's prompt, namespaced by model and credential. A body
@@ -188,7 +186,7 @@ class Forwarder:
             self._metrics.retries.labels("connect_error").inc()
             return _Outcome.RETRY
         except httpx.HTTPError as exc:  # a timeout with the request sent: never replayed
-            await response_error(call.send, replica, exc)
+            await _timed_out(call, replica, exc)
             return _Outcome.DONE
         try:
             if response.status_code == 503 and not last:
@@ -243,10 +241,11 @@ class Forwarder:
             self._on_eject(replica)
 
 
-async def response_error(send: Send, replica: Replica, exc: httpx.HTTPError) -> None:
-    """The replica took the request but did not answer in time: 504, OpenAI-shaped."""
+async def _timed_out(call: _Call, replica: Replica, exc: httpx.HTTPError) -> None:
+    """The replica took the request but did not answer in time: 504."""
     logger.warning("replica %d did not answer: %s", replica.index, type(exc).__name__)
-    await error_response(send, ReplicaTimeout(f"the replica did not answer in time: {exc}"))
+    error = ReplicaTimeout(f"the replica did not answer in time ({type(exc).__name__})")
+    await error_response(call.send, error, call.scope["path"])
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import msgspec
 from starlette.types import Send
 
-from inferflux.errors import EngineDeadError, InferfluxError
+from inferflux.errors import EngineDeadError, InferfluxError, ServiceUnavailable
 
 HOP_BY_HOP = frozenset(
     {
@@ -35,6 +35,8 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
 REPLICA_HEADER = b"x-inferflux-replica"
 STREAM_CUT_MESSAGE = "the replica serving this stream went away mid-stream; retry the request"
 NATIVE_STREAM_PATHS = frozenset({"/generate", "/chat"})  # native SSE: no [DONE] at the end
+
+_ANTHROPIC_TYPES = {413: "request_too_large", 503: "overloaded_error", 504: "timeout_error"}
 
 _encoder = msgspec.json.Encoder()
 
@@ -61,13 +63,29 @@ def response_headers(
     return [*kept, (REPLICA_HEADER, str(replica_index).encode())]
 
 
-async def error_response(send: Send, error: InferfluxError) -> None:
-    """Answer with the OpenAI error envelope of `error` (and its headers: Retry-After)."""
-    body = _encoder.encode(error.to_body())
+def error_body(error: InferfluxError, path: str) -> object:
+    """The body a replica would give `error` on `path` (`api/errors.error_body`):
+    Ollama's `{"error": message}` under /api/ (not LM Studio's /api/v0/), Anthropic's
+    shape under /v1/messages, else the OpenAI envelope."""
+    if path.startswith("/api/") and not path.startswith("/api/v0/"):
+        return {"error": error.message}
+    if path.startswith("/v1/messages"):
+        kind = _ANTHROPIC_TYPES.get(error.http_status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return error.to_body()
+
+
+async def error_response(send: Send, error: InferfluxError, path: str) -> None:
+    """Answer `error` as a replica would on `path`, with its headers and, for a 503 or a
+    504, Retry-After."""
+    body = _encoder.encode(error_body(error, path))
+    extra = dict(error.headers())
+    if isinstance(error, ServiceUnavailable):
+        extra.setdefault("retry-after", str(error.retry_after_s))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        *((k.lower().encode(), v.encode()) for k, v in error.headers().items()),
+        *((k.lower().encode(), v.encode()) for k, v in extra.items()),
     ]
     await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
