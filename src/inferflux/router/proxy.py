@@ -131,8 +131,10 @@ class Forwarder:
             if await self._attempt(call, pick.replica, last) is _Outcome.DONE:
                 return
         self._metrics.unavailable.inc()
-        error = ServiceUnavailable("no replica is available to serve this request; retry later")
-        await error_response(send, error, scope["path"])
+        unavailable = ServiceUnavailable(
+            "no replica is available to serve this request; retry later"
+        )
+        await error_response(send, unavailable, scope["path"])
 
     def _prompt_key(self, call: _Call) -> PromptKey:
         """Block hashes of the body's prompt, namespaced by model and credential. A body
