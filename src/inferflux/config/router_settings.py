@@ -49,8 +49,8 @@ class RouterSettings(BaseModel):
         ge=1.0,
         le=1000.0,
         description="... and when the preferred replica's load is more than this multiple "
-        "of the least loaded one's. Load = requests the router has in flight there plus the "
-        "queue depth and running sequences the replica reports.",
+        "of the least loaded one's. A replica's load: the requests this router has open there, "
+        "or the queue depth plus running sequences the replica reports, whichever is larger.",
     )
     health_interval_s: float = Field(
         1.0, gt=0, le=300, description="How often each replica's /readyz and /metrics are read."
