@@ -7,7 +7,6 @@ the key and the fix), 0 after SIGTERM / Ctrl-C (open streams are cut by uvicorn 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -22,8 +21,6 @@ from inferflux.router import RouterApp
 EXIT_CONFIG_ERROR = 2
 UVICORN_SHUTDOWN_S = 5
 
-logger = logging.getLogger(__name__)
-
 
 def router(
     replica: Annotated[
@@ -37,7 +34,7 @@ def router(
     redis: Annotated[
         str | None,
         typer.Option(
-            help="Redis URL shared by several routers for the affinity directory "
+            help="Redis URL that several routers share the affinity directory through "
             "(router.redis_url; prefer INFERFLUX_ROUTER__REDIS_URL: it may hold a password)."
         ),
     ] = None,
@@ -69,11 +66,6 @@ def router(
         )
         raise typer.Exit(EXIT_CONFIG_ERROR)
     configure_logging(settings.observability)
-    if own.redis_url is not None:
-        logger.warning(
-            "router.redis_url is reserved and not used yet: each router keeps its own "
-            "affinity directory (docs/scaling.md)"
-        )
     typer.echo(
         f"InferFlux router on http://{own.host}:{own.port} over {len(own.replicas)} "
         f"replica(s), routing {own.routing} (ready once /readyz answers 200)"

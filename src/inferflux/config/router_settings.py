@@ -116,6 +116,19 @@ class RouterSettings(BaseModel):
         "directory (which replica was sent which prompt blocks), so routers in front of "
         "the same replicas agree. Unset: each router keeps its own directory in memory.",
     )
+    redis_ttl_s: float = Field(
+        3600.0,
+        ge=1,
+        le=30 * 86_400,
+        description="A block in the shared directory expires this long after it was last routed.",
+    )
+    redis_timeout_s: float = Field(
+        0.05,
+        gt=0,
+        le=10,
+        description="Deadline of one directory read or write; a slower or failed Redis is "
+        "skipped for 2 s (the router then routes on its own index).",
+    )
 
     @field_validator("replicas", mode="before")
     @classmethod

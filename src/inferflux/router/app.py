@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferflux.config.router_settings import RouterSettings
 from inferflux.observability.router_metrics import RouterMetrics
+from inferflux.router.directory import SharedDirectory
 from inferflux.router.health import HealthMonitor
 from inferflux.router.prefix_index import PrefixIndex
 from inferflux.router.proxy import Forwarder
@@ -52,6 +53,7 @@ class RouterApp:
         self.metrics = RouterMetrics()
         self.clients: list[httpx.AsyncClient] = []
         self._forwarder: Forwarder | None = None
+        self.directory: SharedDirectory | None = None
         self._health: HealthMonitor | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -81,8 +83,15 @@ class RouterApp:
             )
             for r in self.replicas
         ]
+        self.directory = SharedDirectory.from_settings(s)
         self._forwarder = Forwarder(
-            s, self.replicas, self.clients, self.picker, self.metrics, self._ejected
+            s,
+            self.replicas,
+            self.clients,
+            self.picker,
+            self.metrics,
+            self._ejected,
+            self.directory,
         )
         self._health = HealthMonitor(self.replicas, self.clients, s, self._health_changed)
         for replica in self.replicas:
@@ -95,6 +104,8 @@ class RouterApp:
             await self._health.stop()
         for client in self.clients:
             await client.aclose()
+        if self.directory is not None:
+            await self.directory.close()
 
     def stats(self) -> dict[str, Any]:  # Any: a JSON document
         """What GET /router/stats answers."""
@@ -120,6 +131,7 @@ class RouterApp:
             ],
             "decisions": _counter_values(self.metrics, "inferflux_router_routing_decisions"),
             "retries": _counter_values(self.metrics, "inferflux_router_retries"),
+            "shared_directory": self.directory is not None,
         }
 
     def _ejected(self, replica: Replica) -> None:

@@ -141,3 +141,14 @@ class PrefixIndex:
 
     def size(self, replica: int) -> int:
         return len(self._replicas[replica].blocks)
+
+
+def merge_matches(local: list[PrefixMatch], shared: list[PrefixMatch] | None) -> list[PrefixMatch]:
+    """Per replica the longer of what this router knows and what the shared directory
+    says (an end mark wins a tie)."""
+    if shared is None:
+        return local
+    return [
+        max(a, b, key=lambda m: (m.num_blocks, m.at_end))
+        for a, b in zip(local, shared, strict=True)
+    ]

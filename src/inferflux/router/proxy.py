@@ -27,7 +27,9 @@ from starlette.types import Receive, Scope, Send
 from inferflux.config.router_settings import RouterSettings
 from inferflux.errors import RequestTooLarge, ServiceUnavailable
 from inferflux.observability.router_metrics import RouterMetrics
+from inferflux.router.directory import SharedDirectory
 from inferflux.router.prefix_index import (
+    PrefixMatch,
     affinity_text,
     last_full_block,
     namespace,
@@ -90,6 +92,7 @@ class Forwarder:
         picker: ReplicaPicker,
         metrics: RouterMetrics,
         on_eject: Callable[[Replica], None],
+        directory: SharedDirectory | None = None,
     ) -> None:
         self._settings = settings
         self._replicas = replicas
@@ -97,6 +100,7 @@ class Forwarder:
         self._picker = picker
         self._metrics = metrics
         self._on_eject = on_eject
+        self._directory = directory
 
     async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one HTTP request through a replica (see the module docstring)."""
@@ -119,13 +123,16 @@ class Forwarder:
             arrived_at,
         )
         prompt = self._prompt_key(call)
+        shared = await self._shared_matches(prompt)
         tried: set[int] = set()
         for attempt in range(self._settings.max_attempts):
             candidates = [r for r in self._replicas if r.healthy and r.index not in tried]
             if not candidates:
                 break
-            pick = self._picker.pick(candidates, prompt)
+            pick = self._picker.pick(candidates, prompt, shared)
             self._metrics.decisions.labels(pick.decision).inc()
+            if self._directory is not None:
+                self._directory.record(pick.replica.index, prompt.hashes, prompt.end)
             tried.add(pick.replica.index)
             last = attempt + 1 == self._settings.max_attempts or len(candidates) == 1
             if await self._attempt(call, pick.replica, last) is _Outcome.DONE:
@@ -135,6 +142,11 @@ class Forwarder:
             "no replica is available to serve this request; retry later"
         )
         await error_response(send, unavailable, scope["path"])
+
+    async def _shared_matches(self, prompt: PromptKey) -> list[PrefixMatch] | None:
+        if self._directory is None or self._settings.routing != "prefix_affinity":
+            return None
+        return await self._directory.match(prompt.hashes)
 
     def _prompt_key(self, call: _Call) -> PromptKey:
         """Block hashes of the body's prompt, namespaced by model and credential. A body

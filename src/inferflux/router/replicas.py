@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from inferflux.config.router_settings import RouterSettings
-from inferflux.router.prefix_index import PrefixIndex
+from inferflux.router.prefix_index import PrefixIndex, PrefixMatch, merge_matches
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +101,21 @@ class ReplicaPicker:
         self._index = index
         self._next = 0
 
-    def pick(self, candidates: list[Replica], prompt: PromptKey) -> Pick:
-        """Choose among `candidates` (non-empty). Records the prompt's blocks there."""
+    def pick(
+        self,
+        candidates: list[Replica],
+        prompt: PromptKey,
+        shared: list[PrefixMatch] | None = None,
+    ) -> Pick:
+        """Choose among `candidates` (non-empty). Records the prompt's blocks there.
+        `shared`: what the Redis directory knows of this prompt (other routers' picks)."""
         strategy = self._settings.routing
         if strategy == "round_robin":
             result = Pick(self._rotate(candidates), "round_robin", 0)
         elif strategy == "least_loaded":
             result = Pick(self._least_loaded(candidates), "least_loaded", 0)
         else:
-            result = self._affinity(candidates, prompt.hashes)
+            result = self._affinity(candidates, prompt.hashes, shared)
         self._index.record(result.replica.index, prompt.hashes, prompt.end)
         return result
 
@@ -123,8 +129,10 @@ class ReplicaPicker:
         lowest = min(r.load for r in candidates)
         return self._rotate([r for r in candidates if r.load == lowest])
 
-    def _affinity(self, candidates: list[Replica], hashes: list[bytes]) -> Pick:
-        matches = self._index.match(hashes)
+    def _affinity(
+        self, candidates: list[Replica], hashes: list[bytes], shared: list[PrefixMatch] | None
+    ) -> Pick:
+        matches = merge_matches(self._index.match(hashes), shared)
         ending = [r for r in candidates if matches[r.index].at_end]
         if not ending:
             return Pick(self._least_loaded(candidates), "least_loaded", 0)
