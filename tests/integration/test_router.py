@@ -168,6 +168,28 @@ def test_bad_input_gets_the_replicas_errors_or_the_routers_413(cluster):
     assert "error" in unknown.json()
 
 
+def test_responses_websocket_mode_through_the_router(cluster, model):
+    from websockets.sync.client import connect
+
+    url = cluster.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, additional_headers=AUTH) as socket:
+        ids = []
+        for text in ("My name is Ada.", "What is my name?"):
+            create = {"type": "response.create", "model": model, "input": text,
+                      "max_output_tokens": 4}  # fmt: skip
+            if ids:
+                create["previous_response_id"] = ids[-1]  # the chain stays on one replica
+            socket.send(json.dumps(create))
+            while (event := json.loads(socket.recv(timeout=60)))["type"] not in (
+                "response.completed",
+                "response.incomplete",
+                "error",
+            ):
+                pass
+            assert event["type"] != "error", event
+            ids.append(event["response"]["id"])
+
+
 async def _conversation(client: httpx.AsyncClient, model: str, name: str, turns: int) -> list:
     system = f"You are assistant {name}. Keep every answer short and friendly. " * 2
     messages = [{"role": "system", "content": system}]

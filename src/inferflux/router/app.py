@@ -4,8 +4,8 @@ Owns: `RouterApp` (pure ASGI): the lifespan (one pooled `httpx.AsyncClient` per 
 a first round of health checks, the `HealthMonitor`), `GET /livez` and `/healthz` (the
 process is up), `/readyz` (200 while at least one replica is in rotation), `/router/stats`
 (replicas, health, load, counters), `/metrics` (the router's own Prometheus metrics).
-Every other HTTP request goes to `Forwarder`. WebSockets (the Responses API's WebSocket
-mode) are refused with close code 1013: clients that need them talk to a replica.
+Every other HTTP request goes to `Forwarder`, every WebSocket (the Responses API's
+WebSocket mode) to `relay_websocket`.
 The router does no authentication: replicas enforce everything, so its own routes carry
 nothing secret (no URLs of replicas' credentials, no prompts).
 """
@@ -27,6 +27,7 @@ from inferflux.router.health import HealthMonitor
 from inferflux.router.prefix_index import PrefixIndex
 from inferflux.router.proxy import Forwarder
 from inferflux.router.replicas import Replica, ReplicaPicker
+from inferflux.router.websocket import relay_websocket
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class RouterApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1013})
+            replica = self._websocket_replica()
+            timeout_s = self.settings.connect_timeout_s
+            await relay_websocket(scope, receive, send, replica, timeout_s)
         elif scope["path"] in _LOCAL_PATHS and scope["method"] in ("GET", "HEAD"):
             await self._local(scope["path"], send)
         elif self._forwarder is not None:
@@ -133,6 +136,13 @@ class RouterApp:
             "retries": _counter_values(self.metrics, "inferflux_router_retries"),
             "shared_directory": self.directory is not None,
         }
+
+    def _websocket_replica(self) -> Replica | None:
+        """The least loaded healthy replica (ties rotate), for a new WebSocket."""
+        healthy = [r for r in self.replicas if r.healthy]
+        if not healthy:
+            return None
+        return self.picker.least_loaded(healthy)
 
     def _ejected(self, replica: Replica) -> None:
         self._health_changed(replica, False)

@@ -113,7 +113,7 @@ class ReplicaPicker:
         if strategy == "round_robin":
             result = Pick(self._rotate(candidates), "round_robin", 0)
         elif strategy == "least_loaded":
-            result = Pick(self._least_loaded(candidates), "least_loaded", 0)
+            result = Pick(self.least_loaded(candidates), "least_loaded", 0)
         else:
             result = self._affinity(candidates, prompt.hashes, shared)
         self._index.record(result.replica.index, prompt.hashes, prompt.end)
@@ -125,7 +125,8 @@ class ReplicaPicker:
         self._next = chosen.index + 1
         return chosen
 
-    def _least_loaded(self, candidates: list[Replica]) -> Replica:
+    def least_loaded(self, candidates: list[Replica]) -> Replica:
+        """The least loaded of `candidates` (non-empty); ties rotate."""
         lowest = min(r.load for r in candidates)
         return self._rotate([r for r in candidates if r.load == lowest])
 
@@ -135,11 +136,11 @@ class ReplicaPicker:
         matches = merge_matches(self._index.match(hashes), shared)
         ending = [r for r in candidates if matches[r.index].at_end]
         if not ending:
-            return Pick(self._least_loaded(candidates), "least_loaded", 0)
+            return Pick(self.least_loaded(candidates), "least_loaded", 0)
         best = max(ending, key=lambda r: (matches[r.index].num_blocks, -r.load, -r.index))
         lowest = min(candidates, key=lambda r: r.load)
         if self._imbalanced(best.load, lowest.load):
-            coolest = self._least_loaded(candidates)
+            coolest = self.least_loaded(candidates)
             return Pick(coolest, "balanced", matches[coolest.index].num_blocks)
         return Pick(best, "affinity", matches[best.index].num_blocks)
 
