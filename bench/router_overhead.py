@@ -4,8 +4,9 @@ One replica (`inferflux serve`, one thread) and a router in front of it. Latency
 same small non-streaming chat request (max_tokens 1) sent N times straight to the
 replica and N times through the router, alternating, one at a time; reported as p50/p99
 of each and the difference. CPU: the router process's CPU time (user + system, from
-/proc) while it relays S concurrent streams of T tokens each (ignore_eos), divided by
-the tokens relayed (usage.completion_tokens).
+/proc) while it relays S concurrent streams of T tokens each (ignore_eos), less its idle
+rate (health polling, measured for 3 s before), divided by the tokens relayed
+(usage.completion_tokens).
 
     .venv/bin/python bench/router_overhead.py --json bench/results/router_overhead.json
     .venv/bin/python bench/router_overhead.py --requests 20 --streams 2 --tokens 16  # smoke
@@ -26,6 +27,8 @@ import httpx
 from launch import INFERFLUX, kill_group, start_process, start_server
 from serve_load import LoadConfig, resolve_model, stream_one
 from workload import summarize
+
+IDLE_S = 3.0
 
 
 def cpu_s(pid: int) -> float:
@@ -65,6 +68,9 @@ async def stream_cpu(routed: str, router_pid: int, streams: int, tokens: int) ->
     async with httpx.AsyncClient(base_url=routed, timeout=600) as client:
         model = await resolve_model(client)
         config = LoadConfig(routed, model, "chat", tokens, 1, 0, 1, 1, ignore_eos=True)
+        idle_before = cpu_s(router_pid)  # the idle cost (health polling), subtracted below
+        await asyncio.sleep(IDLE_S)
+        idle_rate = (cpu_s(router_pid) - idle_before) / IDLE_S
         before = cpu_s(router_pid)
         started = time.perf_counter()
         results = await asyncio.gather(
@@ -74,13 +80,14 @@ async def stream_cpu(routed: str, router_pid: int, streams: int, tokens: int) ->
             )
         )
         wall = time.perf_counter() - started
-        used = cpu_s(router_pid) - before
+        used = cpu_s(router_pid) - before - idle_rate * (time.perf_counter() - started)
     relayed = sum(r.output_tokens for r in results if r.ok)
     return {
         "streams": streams,
         "tokens_relayed": relayed,
         "errors": [r.error for r in results if not r.ok],
         "router_cpu_s": round(used, 3),
+        "router_idle_cpu_per_s": round(idle_rate, 4),
         "wall_s": round(wall, 2),
         "router_cpu_us_per_token": round(used / relayed * 1e6, 1) if relayed else None,
     }

@@ -51,6 +51,7 @@ _decoder = msgspec.json.Decoder()
 # before any response byte: the replica is down or went down under this request
 _REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"api-key")
+_GONE = b"\x00client gone"  # a sentinel compared by identity, never sent
 
 
 class ReplicaTimeout(ServiceUnavailable):
@@ -106,6 +107,8 @@ class Forwarder:
         """Serve one HTTP request through a replica (see the module docstring)."""
         arrived_at = time.monotonic()
         body = await _read_body(receive, self._settings.max_request_bytes)
+        if body is _GONE:
+            return  # the client left before it finished sending
         if body is None:
             limit = self._settings.max_request_bytes
             error = RequestTooLarge(
@@ -263,14 +266,15 @@ async def _timed_out(call: _Call, replica: Replica, exc: httpx.HTTPError) -> Non
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it passes `limit` bytes."""
+    """The whole request body, None once it passes `limit` bytes, `_GONE` when the
+    client disconnected first."""
     chunks: list[bytes] = []
     size = 0
     more = True
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            return _GONE
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
