@@ -28,6 +28,7 @@ ROUTER_ENV = {
     "INFERFLUX_ROUTER__HEALTH_INTERVAL_S": "0.25",
     "INFERFLUX_ROUTER__EJECT_AFTER_FAILURES": "2",
     "INFERFLUX_ROUTER__AFFINITY_BLOCK_CHARS": "32",
+    "INFERFLUX_LOG_LEVEL": "debug",  # even so, no credential reaches the router's log
 }
 
 
@@ -232,6 +233,9 @@ def test_router_stats_metrics_and_probes(cluster):
     assert "inferflux_router_requests_total" in metrics
     assert "inferflux_router_added_latency_seconds_bucket" in metrics
     assert API_KEY not in metrics and API_KEY not in json.dumps(stats)
+    assert httpx.get(f"{cluster.url}/v1/models?api_key={API_KEY}").status_code in (200, 401)
+    log = (cluster.tmp / "router.log").read_text(errors="replace")
+    assert "/v1/models" in log and API_KEY not in log
 
 
 async def _stream(client: httpx.AsyncClient, model: str, i: int, started: asyncio.Event) -> dict:
