@@ -78,3 +78,7 @@ def router(
         timeout_graceful_shutdown=UVICORN_SHUTDOWN_S,
         lifespan="on",
     )
+
+
+router_app = typer.Typer(add_completion=False)
+router_app.command()(router)
