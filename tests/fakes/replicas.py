@@ -3,11 +3,13 @@ tests of the router's retry, ejection and stream-cut logic (no model, no sockets
 
 Each replica (by host, `replica0` ...) has a mode: `ok` (JSON answers, SSE / NDJSON
 streams), `refuse` (connection refused), `busy` (503), `cut` (a stream that dies after
-its first event), `down` (refuses everything, /readyz included). Every request is logged.
+its first event), `hang` (a stream that stops after its first event, the connection open),
+`down` (refuses everything, /readyz included), `draining` (/readyz 503). Every request is logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -49,10 +51,23 @@ class _CutStream(httpx.AsyncByteStream):
         raise httpx.ReadError("connection reset by peer")
 
 
+class _HangingStream(httpx.AsyncByteStream):
+    def __init__(self, first: bytes, started: asyncio.Event) -> None:
+        self._first = first
+        self._started = started
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._first
+        self._started.set()
+        await asyncio.Event().wait()  # a hung replica: never another byte
+        yield b""
+
+
 class FakeReplicas(httpx.AsyncBaseTransport):
     def __init__(self, n: int) -> None:
         self.modes = {f"replica{i}": "ok" for i in range(n)}
         self.log: list[tuple[str, str, bytes]] = []  # (host, path, body)
+        self.hanging = asyncio.Event()  # set once a `hang` stream sent its first event
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
@@ -62,6 +77,8 @@ class FakeReplicas(httpx.AsyncBaseTransport):
         if path in ("/readyz", "/metrics"):
             if mode == "down":
                 raise httpx.ConnectError("connection refused", request=request)
+            if mode == "draining" and path == "/readyz":
+                return _json(503, {"status": "draining"})
             text = "inferflux_scheduler_queue_depth 0.0\n" if path == "/metrics" else "{}"
             return httpx.Response(200, text=text)
         self.log.append((host, path, body))
@@ -77,6 +94,9 @@ class FakeReplicas(httpx.AsyncBaseTransport):
         ndjson = path.startswith("/api/")
         event = b'{"message": "tok"}\n' if ndjson else b'data: {"choices": []}\n\n'
         content_type = "application/x-ndjson" if ndjson else "text/event-stream"
+        if mode == "hang":
+            stream = _HangingStream(event, self.hanging)
+            return httpx.Response(200, headers={"content-type": content_type}, stream=stream)
         if mode == "cut":
             return httpx.Response(
                 200, headers={"content-type": content_type}, stream=_CutStream(event)

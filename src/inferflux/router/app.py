@@ -96,7 +96,9 @@ class RouterApp:
             self._ejected,
             self.directory,
         )
-        self._health = HealthMonitor(self.replicas, self.clients, s, self._health_changed)
+        self._health = HealthMonitor(
+            self.replicas, self.clients, s, self._health_changed, self._unreachable
+        )
         for replica in self.replicas:
             self.metrics.healthy.labels(str(replica.index)).set(0)
         await self._health.check_all()
@@ -143,6 +145,10 @@ class RouterApp:
         if not healthy:
             return None
         return self.picker.least_loaded(healthy)
+
+    def _unreachable(self, replica: Replica) -> None:
+        if self._forwarder is not None and self._forwarder.cut_streams(replica):
+            logger.warning("replica %d does not answer: its open streams were ended", replica.index)
 
     def _ejected(self, replica: Replica) -> None:
         self._health_changed(replica, False)

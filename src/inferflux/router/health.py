@@ -5,7 +5,9 @@ Owns: `HealthMonitor`, which every `health_interval_s` asks each replica's `/rea
 `inferflux_running_sequences`, `inferflux_kv_usage_ratio`; public on a replica unless
 `observability.metrics.public: false`, then `stats_api_key` is sent). A replica is
 ejected after `eject_after_failures` consecutive failed checks and re-admitted by the
-first passing one. Does not own: ejecting on a live request's connect error
+first passing one; a replica that did not answer those checks at all (hung: SIGSTOP, a
+dead host) also has its open streams ended (`Forwarder.cut_streams`), while one that
+answered 503 (draining) keeps them. Does not own: ejecting on a live request's connect error
 (`proxy.py` calls `Replica.eject` directly).
 """
 
@@ -62,11 +64,13 @@ class HealthMonitor:
         clients: list[httpx.AsyncClient],
         settings: RouterSettings,
         on_change: Callable[[Replica, bool], None],
+        on_unreachable: Callable[[Replica], None],
     ) -> None:
         self._replicas = replicas
         self._clients = clients
         self._settings = settings
         self._on_change = on_change
+        self._on_unreachable = on_unreachable
         self._task: asyncio.Task[None] | None = None
         self._headers = (
             {"authorization": f"Bearer {settings.stats_api_key.get_secret_value()}"}
@@ -99,10 +103,10 @@ class HealthMonitor:
             ready = await client.get("/readyz", timeout=timeout)
             metrics = await client.get("/metrics", headers=self._headers, timeout=timeout)
         except httpx.HTTPError as exc:
-            self._failed(replica, f"health check: {type(exc).__name__}")
+            self._failed(replica, f"health check: {type(exc).__name__}", unreachable=True)
             return
-        if ready.status_code != 200:
-            self._failed(replica, f"/readyz answered {ready.status_code}")
+        if ready.status_code != 200:  # draining, say: its open streams go on
+            self._failed(replica, f"/readyz answered {ready.status_code}", unreachable=False)
             return
         if metrics.status_code == 200:
             load = read_load(metrics.text)
@@ -112,8 +116,14 @@ class HealthMonitor:
         if replica.admit():
             self._on_change(replica, True)
 
-    def _failed(self, replica: Replica, reason: str) -> None:
+    def _failed(self, replica: Replica, reason: str, *, unreachable: bool) -> None:
+        """Count a failed check. At `eject_after_failures` the replica leaves rotation,
+        and when it did not answer at all (hung, dead, cut off) its open streams end."""
         replica.num_failures += 1
         replica.last_error = reason
-        if replica.num_failures >= self._settings.eject_after_failures and replica.eject(reason):
+        if replica.num_failures < self._settings.eject_after_failures:
+            return
+        if replica.eject(reason):
             self._on_change(replica, False)
+        if unreachable:
+            self._on_unreachable(replica)

@@ -102,6 +102,7 @@ class Forwarder:
         self._metrics = metrics
         self._on_eject = on_eject
         self._directory = directory
+        self._open_streams: dict[int, set[anyio.CancelScope]] = {r.index: set() for r in replicas}
 
     async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one HTTP request through a replica (see the module docstring)."""
@@ -234,7 +235,27 @@ class Forwarder:
             group.cancel_scope.cancel()
 
     async def _relay_body(self, call: _Call, replica: Replica, response: httpx.Response) -> None:
+        """Copy the body; a relay that `cut_streams` cancelled (its replica stopped
+        answering) or whose replica failed mid-way ends with the dialect's error tail."""
         content_type = response.headers.get("content-type", "")
+        tail: bytes | None = None
+        with anyio.CancelScope() as cut:
+            open_streams = self._open_streams[replica.index]
+            open_streams.add(cut)
+            try:
+                tail = await self._copy_body(call, replica, response, content_type)
+            except OSError:
+                return  # the client went away (ASGI 2.4 servers raise from send)
+            finally:
+                open_streams.discard(cut)
+        if tail is None:
+            tail = self._cut(call, replica, content_type, "replica stopped answering")
+        await call.send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _copy_body(
+        self, call: _Call, replica: Replica, response: httpx.Response, content_type: str
+    ) -> bytes:
+        """Relay the body as it comes, complete events only; the bytes left to send last."""
         cutter = EventCutter(content_type) if is_stream(content_type) else None
         send = call.send
         try:
@@ -242,16 +263,24 @@ class Forwarder:
                 out = cutter.feed(chunk) if cutter is not None else chunk
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-            tail = cutter.rest() if cutter is not None else b""
         except httpx.HTTPError as exc:
-            self._metrics.stream_errors.labels(str(replica.index)).inc()
             if isinstance(exc, _REFUSED):
                 self._eject(replica, f"{type(exc).__name__} mid-response")
-            logger.warning("replica %d cut a response: %s", replica.index, type(exc).__name__)
-            tail = stream_cut_tail(call.scope["path"], content_type)
-        except OSError:
-            return  # the client went away (ASGI 2.4 servers raise from send)
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+            return self._cut(call, replica, content_type, type(exc).__name__)
+        return cutter.rest() if cutter is not None else b""
+
+    def _cut(self, call: _Call, replica: Replica, content_type: str, why: str) -> bytes:
+        self._metrics.stream_errors.labels(str(replica.index)).inc()
+        logger.warning("replica %d cut a response: %s", replica.index, why)
+        return stream_cut_tail(call.scope["path"], content_type)
+
+    def cut_streams(self, replica: Replica) -> int:
+        """End every response being relayed from `replica` with its error tail (the
+        replica stopped answering health checks: a hang). Returns how many."""
+        open_streams = list(self._open_streams[replica.index])
+        for scope in open_streams:
+            scope.cancel()
+        return len(open_streams)
 
     def _eject(self, replica: Replica, reason: str) -> None:
         if replica.eject(reason):

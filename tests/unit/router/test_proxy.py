@@ -3,6 +3,7 @@ pass-through, ejection, the router's own 503/413, and streams cut mid-way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -113,3 +114,33 @@ async def test_health_checks_eject_and_readmit(router):
     assert app.replicas[2].healthy
     stats = (await client.get("/router/stats")).json()
     assert [r["healthy"] for r in stats["replicas"]] == [True, True, True]
+
+
+async def test_a_hung_replica_is_ejected_and_its_streams_end_with_an_error(router):
+    app, fake, client = router
+    fake.modes["replica0"] = "hang"
+    stream = asyncio.create_task(client.post(CHAT, json={"stream": True}))
+    await asyncio.wait_for(fake.hanging.wait(), 5)
+    fake.modes["replica0"] = "down"  # stops answering health checks too
+    for _ in range(app.settings.eject_after_failures):
+        await app._health.check_all()
+    answer = await asyncio.wait_for(stream, 5)
+    events = [e for e in answer.content.split(b"\n\n") if e]
+    assert events[0] == b'data: {"choices": []}'
+    assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == "worker_died"
+    assert events[-1] == b"data: [DONE]"
+    assert not app.replicas[0].healthy
+
+
+async def test_a_draining_replica_keeps_its_streams(router):
+    app, fake, client = router
+    fake.modes["replica0"] = "hang"
+    stream = asyncio.create_task(client.post(CHAT, json={"stream": True}))
+    await asyncio.wait_for(fake.hanging.wait(), 5)
+    fake.modes["replica0"] = "draining"  # /readyz 503: out of rotation, streams go on
+    for _ in range(app.settings.eject_after_failures):
+        await app._health.check_all()
+    assert not app.replicas[0].healthy
+    await asyncio.sleep(0.1)
+    assert not stream.done()
+    stream.cancel()
