@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,7 @@ REPLICA_ENV = {"INFERFLUX_RUNTIME__N_THREADS": "1"}
 ROUTER_ENV = {
     "INFERFLUX_ROUTER__HEALTH_INTERVAL_S": "0.25",
     "INFERFLUX_ROUTER__EJECT_AFTER_FAILURES": "2",
+    "INFERFLUX_ROUTER__HEALTH_TIMEOUT_S": "0.5",
     "INFERFLUX_ROUTER__AFFINITY_BLOCK_CHARS": "32",
     "INFERFLUX_LOG_LEVEL": "debug",  # even so, no credential reaches the router's log
 }
@@ -250,6 +253,42 @@ async def _stream(client: httpx.AsyncClient, model: str, i: int, started: asynci
                 if len(events) == 2:
                     started.set()
     return {"replica": replica, "events": events}
+
+
+def test_a_hung_replica_is_ejected_its_streams_end_and_it_rejoins(cluster, model):
+    """SIGSTOP (a real hang: the sockets stay open, nothing answers) on one replica while
+    it streams: the router ends its streams with the error event once the health checks
+    time out, serves new requests elsewhere, and re-admits it after SIGCONT."""
+
+    async def run() -> tuple[list[dict], str]:
+        async with httpx.AsyncClient(base_url=cluster.url, headers=AUTH, timeout=120) as client:
+            flags = [asyncio.Event() for _ in range(3)]
+            tasks = [asyncio.create_task(_stream(client, model, i, flags[i])) for i in range(3)]
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in flags)), 120)
+            busy = {r["index"]: r["in_flight"] for r in cluster.stats()["replicas"]}
+            victim = max(busy, key=lambda k: busy[k])
+            os.killpg(cluster.replicas[victim].process.pid, signal.SIGSTOP)
+            return list(await asyncio.wait_for(asyncio.gather(*tasks), 60)), str(victim)
+
+    try:
+        results, victim = asyncio.run(run())
+        hung = [r for r in results if r["replica"] == victim]
+        assert hung
+        for result in hung:
+            assert json.loads(result["events"][-2])["error"]["code"] == "worker_died"
+        assert cluster.stats()["replicas"][int(victim)]["healthy"] is False
+        answer = httpx.post(
+            f"{cluster.url}/v1/chat/completions", json=_chat(model, "While one is hung"),
+            headers=AUTH, timeout=60,
+        )  # fmt: skip
+        assert answer.status_code == 200 and answer.headers[REPLICA_HEADER] != victim
+    finally:
+        for replica in cluster.replicas:
+            os.killpg(replica.process.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while not all(r["healthy"] for r in cluster.stats()["replicas"]):
+        assert time.monotonic() < deadline, "resumed replica not re-admitted"
+        time.sleep(0.25)
 
 
 def test_a_replica_killed_mid_load_loses_only_its_streams(cluster, model):
