@@ -241,6 +241,33 @@ def test_router_stats_metrics_and_probes(cluster):
     assert "/v1/models" in log and API_KEY not in log
 
 
+def _running(replica_url: str) -> int:
+    stats = httpx.get(f"{replica_url}/server/stats", headers=AUTH, timeout=10).json()
+    return int(stats["num_running"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_goes_away_frees_the_replica(cluster, model, stream):
+    """Gone while waiting for a whole answer, or mid-stream: the router closes its
+    connection to the replica, which aborts the generation."""
+    body = _chat(model, f"A very long story, streamed={stream}.", max_tokens=2000,
+                 ignore_eos=True, stream=stream)  # fmt: skip
+    url = f"{cluster.url}/v1/chat/completions"
+    with httpx.Client(headers=AUTH, timeout=60) as client:
+        if stream:
+            with client.stream("POST", url, json=body) as response:
+                next(response.iter_lines())
+                home = cluster.replicas[int(response.headers[REPLICA_HEADER])]
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                client.post(url, json=body, timeout=httpx.Timeout(60, read=2.0))
+            home = max(cluster.replicas, key=lambda r: _running(r.url))
+    deadline = time.monotonic() + 15
+    while _running(home.url):
+        assert time.monotonic() < deadline, "the replica still generates for nobody"
+        time.sleep(0.2)
+
+
 async def _stream(client: httpx.AsyncClient, model: str, i: int, started: asyncio.Event) -> dict:
     body = _chat(model, f"Stream {i}: tell a long story about the sea.", stream=True,
                  max_tokens=300, ignore_eos=True)  # fmt: skip

@@ -171,7 +171,9 @@ class Forwarder:
         return PromptKey(hashes, last_full_block(len(text), block_chars))
 
     async def _attempt(self, call: _Call, replica: Replica, last: bool) -> _Outcome:
-        """One try on `replica`. RETRY: it refused before answering and another may."""
+        """One try on `replica`. RETRY: it refused before answering and another may. A
+        client that goes away cancels the try, waiting for the head or relaying the body
+        alike, which closes the replica's connection, so the replica aborts the work."""
         client = self._clients[replica.index]
         request = client.build_request(
             call.scope["method"], call.target, headers=call.headers, content=call.body
@@ -183,11 +185,16 @@ class Forwarder:
         asked_at = time.monotonic()
         if not call.routed_s:
             call.routed_s = asked_at - call.arrived_at
+        outcome = _Outcome.DONE  # also when the client went away (nothing left to do)
         try:
-            return await self._exchange(call, replica, client, request, last)
+            async with anyio.create_task_group() as group:
+                group.start_soon(_cancel_on_disconnect, call.receive, group.cancel_scope)
+                outcome = await self._exchange(call, replica, client, request, last)
+                group.cancel_scope.cancel()
         finally:
             replica.num_in_flight -= 1
             gauge.dec()
+        return outcome
 
     async def _exchange(
         self,
@@ -216,8 +223,7 @@ class Forwarder:
             await response.aclose()
 
     async def _relay(self, call: _Call, replica: Replica, response: httpx.Response) -> None:
-        """Send the response head, then its body as it comes. A client that goes away
-        cancels the relay (and so closes the replica's response)."""
+        """Send the response head, then its body as it comes."""
         headed_at = time.monotonic()
         status = response.status_code
         self._metrics.requests.labels(str(replica.index), str(status)).inc()
@@ -229,10 +235,7 @@ class Forwarder:
             }
         )
         self._metrics.added_latency.observe(call.routed_s + time.monotonic() - headed_at)
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_on_disconnect, call.receive, group.cancel_scope)
-            await self._relay_body(call, replica, response)
-            group.cancel_scope.cancel()
+        await self._relay_body(call, replica, response)
 
     async def _relay_body(self, call: _Call, replica: Replica, response: httpx.Response) -> None:
         """Copy the body; a relay that `cut_streams` cancelled (its replica stopped
