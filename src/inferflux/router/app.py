@@ -7,7 +7,9 @@ process is up), `/readyz` (200 while at least one replica is in rotation), `/rou
 Every other HTTP request goes to `Forwarder`, every WebSocket (the Responses API's
 WebSocket mode) to `relay_websocket`.
 The router does no authentication: replicas enforce everything, so its own routes carry
-nothing secret (no URLs of replicas' credentials, no prompts).
+nothing secret: no prompts, no credentials (a replica URL's userinfo and query string
+are redacted in /router/stats, as in every log line). They do show the replicas'
+addresses: bind the router where only clients and operators reach it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from prometheus_client import generate_latest
 from starlette.types import Receive, Scope, Send
 
 from inferflux.config.router_settings import RouterSettings
+from inferflux.observability.logging import redact_url
 from inferflux.observability.router_metrics import RouterMetrics
 from inferflux.router.directory import SharedDirectory
 from inferflux.router.health import HealthMonitor
@@ -119,7 +122,7 @@ class RouterApp:
             "replicas": [
                 {
                     "index": r.index,
-                    "url": r.url,
+                    "url": redact_url(r.url),
                     "healthy": r.healthy,
                     "load": r.load,
                     "in_flight": r.num_in_flight,

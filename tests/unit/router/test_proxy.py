@@ -144,3 +144,9 @@ async def test_a_draining_replica_keeps_its_streams(router):
     await asyncio.sleep(0.1)
     assert not stream.done()
     stream.cancel()
+
+
+def test_stats_never_show_a_replica_urls_credentials():
+    settings = RouterSettings(replicas=["http://ops:s3cret@replica0:8080/?token=t0k"])
+    replica = RouterApp(settings).stats()["replicas"][0]
+    assert "s3cret" not in replica["url"] and "t0k" not in replica["url"]
