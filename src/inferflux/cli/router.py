@@ -1,12 +1,13 @@
 """`inferflux router`: settings → logging → `RouterApp` → uvicorn.
 
 Exit codes: 2 for an invalid configuration (no replica given included; the message names
-the key and the fix), 0 after SIGTERM / Ctrl-C (open streams are cut by uvicorn after
-`UVICORN_SHUTDOWN_S`: the router holds no state worth draining for).
+the key and the fix), 0 after SIGTERM / Ctrl-C: the router stops accepting, and the
+streams it relays may finish within `router.shutdown_grace_s` (then uvicorn cuts them).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +20,6 @@ from inferflux.observability.logging import configure_logging
 from inferflux.router import RouterApp
 
 EXIT_CONFIG_ERROR = 2
-UVICORN_SHUTDOWN_S = 5
 
 
 def router(
@@ -58,24 +58,26 @@ def router(
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
     own = settings.router
-    if not own.replicas:
+    if not own.replicas and own.replica_dns is None:
         typer.echo(
-            "inferflux: router.replicas is empty: give --replica URL (repeatable), "
-            "INFERFLUX_ROUTER__REPLICAS or `router: {replicas: [...]}` in --config",
+            "inferflux: no replica: give --replica URL (repeatable), "
+            "INFERFLUX_ROUTER__REPLICAS, `router: {replicas: [...]}` in --config, or "
+            "router.replica_dns (HOST:PORT of a headless Service)",
             err=True,
         )
         raise typer.Exit(EXIT_CONFIG_ERROR)
     configure_logging(settings.observability)
     typer.echo(
-        f"InferFlux router on http://{own.host}:{own.port} over {len(own.replicas)} "
-        f"replica(s), routing {own.routing} (ready once /readyz answers 200)"
+        f"InferFlux router on http://{own.host}:{own.port} over "
+        f"{own.replica_dns or len(own.replicas)} replica(s), routing {own.routing} "
+        "(ready once /readyz answers 200)"
     )
     uvicorn.run(
         RouterApp(own),
         host=own.host,
         port=own.port,
         log_config=None,
-        timeout_graceful_shutdown=UVICORN_SHUTDOWN_S,
+        timeout_graceful_shutdown=math.ceil(own.shutdown_grace_s),
         lifespan="on",
     )
 

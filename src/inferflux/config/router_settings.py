@@ -28,6 +28,16 @@ class RouterSettings(BaseModel):
         '`["http://10.0.0.1:8080", "http://10.0.0.2:8080"]` (a JSON list in env). '
         "`inferflux router --replica URL` (repeatable) sets it on the command line.",
     )
+    replica_dns: str | None = Field(
+        None,
+        description="`HOST:PORT` (or `http(s)://HOST:PORT`) whose DNS records are the "
+        "replicas, re-resolved every replica_dns_interval_s: a Kubernetes headless Service "
+        "(one record per ready pod), so replicas that come and go join and leave the "
+        "rotation on their own. Adds to `replicas`.",
+    )
+    replica_dns_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="How often replica_dns is resolved again."
+    )
     host: str = Field("127.0.0.1", description="Address the router binds. 0.0.0.0 exposes it.")
     port: int = Field(8090, ge=1, le=65535, description="TCP port of the router.")
     routing: RouterStrategy = Field(
@@ -104,6 +114,14 @@ class RouterSettings(BaseModel):
         description="Longest silence from a replica while a request is open (a stream "
         "between two chunks included).",
     )
+    shutdown_grace_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM (or Ctrl-C) the router stops accepting, and the streams it "
+        "relays may go on this long before they are cut (match the replicas' "
+        "server.shutdown_grace_s so a drain is not cut short by the router).",
+    )
     stats_api_key: SecretStr | None = Field(
         None,
         description="API key sent as `Authorization: Bearer` when the router reads a "
@@ -157,6 +175,18 @@ class RouterSettings(BaseModel):
                 )
             cleaned.append(url.rstrip("/"))
         return cleaned
+
+    @field_validator("replica_dns")
+    @classmethod
+    def _dns_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value if "://" in value else f"http://{value}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+            raise ValueError(
+                f"replica_dns {value!r} must be HOST:PORT, e.g. inferflux-replicas:8080"
+            )
+        return f"{parts.scheme}://{parts.hostname}:{parts.port}"
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:

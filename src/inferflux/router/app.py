@@ -26,6 +26,7 @@ from inferflux.config.router_settings import RouterSettings
 from inferflux.observability.logging import redact_url
 from inferflux.observability.router_metrics import RouterMetrics
 from inferflux.router.directory import SharedDirectory
+from inferflux.router.discovery import ReplicaDiscovery
 from inferflux.router.health import HealthMonitor
 from inferflux.router.prefix_index import PrefixIndex
 from inferflux.router.proxy import Forwarder
@@ -59,6 +60,7 @@ class RouterApp:
         self._forwarder: Forwarder | None = None
         self.directory: SharedDirectory | None = None
         self._health: HealthMonitor | None = None
+        self._discovery: ReplicaDiscovery | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -73,22 +75,9 @@ class RouterApp:
             await self._forwarder.forward(scope, receive, send)
 
     async def startup(self) -> None:
-        """Open the connection pools, check every replica once, start polling."""
+        """Open the connection pools, find and check every replica once, start polling."""
         s = self.settings
-        timeout = httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s)
-        limits = httpx.Limits(
-            max_connections=_POOL_CONNECTIONS, max_keepalive_connections=_POOL_CONNECTIONS
-        )
-        self.clients = [
-            httpx.AsyncClient(
-                base_url=r.url,
-                timeout=timeout,
-                limits=limits,
-                trust_env=False,
-                transport=self._transport,
-            )
-            for r in self.replicas
-        ]
+        self.clients.extend(self._client(r.url) for r in self.replicas)
         self.directory = SharedDirectory.from_settings(s)
         self._forwarder = Forwarder(
             s,
@@ -104,16 +93,70 @@ class RouterApp:
         )
         for replica in self.replicas:
             self.metrics.healthy.labels(str(replica.index)).set(0)
+        if s.replica_dns is not None:
+            self._discovery = ReplicaDiscovery(
+                s.replica_dns, s.replica_dns_interval_s, self.sync_replicas
+            )
+            await self._discovery.refresh()
+            self._discovery.start()
         await self._health.check_all()
         self._health.start()
 
     async def shutdown(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()
         if self._health is not None:
             await self._health.stop()
         for client in self.clients:
             await client.aclose()
         if self.directory is not None:
             await self.directory.close()
+
+    async def sync_replicas(self, found: list[str]) -> None:
+        """Make `found` (replica_dns's addresses) plus `router.replicas` the replicas.
+
+        One that is gone is retired: out of rotation and no longer checked, its open
+        streams left to finish (a pod leaving a headless Service is draining). One that
+        is new takes a retired slot with nothing in flight, else a new index (so metric
+        labels stay few), and enters rotation at its first passing health check."""
+        wanted = set(found) | set(self.settings.replicas)
+        for replica in self.replicas:
+            if not replica.retired and replica.url not in wanted:
+                replica.retired, replica.healthy = True, False
+                self.index.forget(replica.index)
+                self.metrics.healthy.labels(str(replica.index)).set(0)
+                logger.info("replica %d (%s) left replica_dns", replica.index, replica.url)
+        present = {r.url for r in self.replicas if not r.retired}
+        for url in sorted(wanted - present):
+            await self._add_replica(url)
+
+    async def _add_replica(self, url: str) -> None:
+        slot = next((r for r in self.replicas if r.retired and not r.num_in_flight), None)
+        if slot is None:
+            self.index.add_replica()
+            slot = Replica(len(self.replicas), url)
+            self.replicas.append(slot)
+            self.clients.append(self._client(url))
+        else:
+            old = self.clients[slot.index]
+            self.clients[slot.index] = self._client(url)
+            await old.aclose()
+            slot.reuse(url)
+            self.index.forget(slot.index)
+        self.metrics.healthy.labels(str(slot.index)).set(0)
+        logger.info("replica %d (%s) found through replica_dns", slot.index, url)
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        s = self.settings
+        return httpx.AsyncClient(
+            base_url=url,
+            timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=_POOL_CONNECTIONS, max_keepalive_connections=_POOL_CONNECTIONS
+            ),
+            trust_env=False,
+            transport=self._transport,
+        )
 
     def stats(self) -> dict[str, Any]:  # Any: a JSON document
         """What GET /router/stats answers."""
@@ -124,6 +167,7 @@ class RouterApp:
                     "index": r.index,
                     "url": redact_url(r.url),
                     "healthy": r.healthy,
+                    "retired": r.retired,
                     "load": r.load,
                     "in_flight": r.num_in_flight,
                     "queue_depth": r.queue_depth,

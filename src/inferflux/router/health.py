@@ -80,7 +80,7 @@ class HealthMonitor:
 
     async def check_all(self) -> None:
         """One round of checks, all replicas at once."""
-        await asyncio.gather(*(self._check(r) for r in self._replicas))
+        await asyncio.gather(*(self._check(r) for r in self._replicas if not r.retired))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="router-health")

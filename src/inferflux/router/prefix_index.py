@@ -122,7 +122,12 @@ class PrefixIndex:
     first. Not thread-safe: used from the router's event loop only."""
 
     def __init__(self, num_replicas: int, max_blocks: int) -> None:
+        self._max_blocks = max_blocks
         self._replicas = [_ReplicaBlocks(max_blocks) for _ in range(num_replicas)]
+
+    def add_replica(self) -> None:
+        """One more replica (the next index), knowing nothing yet."""
+        self._replicas.append(_ReplicaBlocks(self._max_blocks))
 
     def match(self, hashes: list[bytes]) -> list[PrefixMatch]:
         """For each replica, how many leading blocks of `hashes` were routed there."""

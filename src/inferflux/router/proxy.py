@@ -16,6 +16,7 @@ import enum
 import hashlib
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,7 +103,7 @@ class Forwarder:
         self._metrics = metrics
         self._on_eject = on_eject
         self._directory = directory
-        self._open_streams: dict[int, set[anyio.CancelScope]] = {r.index: set() for r in replicas}
+        self._open_streams: defaultdict[int, set[anyio.CancelScope]] = defaultdict(set)
 
     async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one HTTP request through a replica (see the module docstring)."""

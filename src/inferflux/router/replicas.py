@@ -35,6 +35,13 @@ class Replica:
     num_requests: int = 0  # requests sent there (attempts included)
     num_ejections: int = 0
     last_error: str = ""
+    retired: bool = False  # gone from replica_dns: out of rotation, not checked
+
+    def reuse(self, url: str) -> None:
+        """Make this retired slot a newly discovered replica at `url` (not yet checked)."""
+        self.url, self.retired, self.healthy = url, False, False
+        self.num_failures = self.queue_depth = self.num_running = 0
+        self.kv_usage, self.last_error = 0.0, ""
 
     @property
     def load(self) -> int:
