@@ -31,6 +31,7 @@ from inferflux.api import create_app
 from inferflux.api.drain import Drain, drain_then_stop
 from inferflux.api.security_layer import SecurityState, build_security
 from inferflux.api.state import app_state
+from inferflux.cli.router import router
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
 from inferflux.engine import make_engine_client
@@ -335,6 +336,9 @@ def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
     if settings.server.grpc_port is not None:
         banner += f"\ngRPC (inferflux.v1.Inference): {shown}:{settings.server.grpc_port}"
     return banner
+
+
+app.command("router")(router)
 
 
 def main() -> None:

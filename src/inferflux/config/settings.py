@@ -19,6 +19,7 @@ from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors
 from inferflux.config.manifest import QuantizationLevel, check_model_url
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
+from inferflux.config.router_settings import RouterSettings
 from inferflux.config.security_settings import (
     AuditSettings,
     GuardrailSettings,
@@ -502,3 +503,4 @@ class Settings(_Section):
     registry: RegistrySettings = Field(
         default_factory=RegistrySettings  # type: ignore[arg-type]
     )
+    router: RouterSettings = Field(default_factory=RouterSettings)  # type: ignore[arg-type]

@@ -275,7 +275,7 @@ def _pod_labels(deployment: Manifest) -> dict[str, str]:
     return labels
 
 
-def test_the_cluster_overlay_wires_router_replicas_and_redis(rendered):
+def test_the_cluster_overlay_wires_router_replicas_and_redis(rendered, tmp_path):
     """overlays/cluster: the router finds the InferFlux pods through the headless Service,
     both it and the pods use the overlay's Redis, and every URL comes from the Secret."""
     objects = rendered["cluster"]
@@ -295,6 +295,13 @@ def test_the_cluster_overlay_wires_router_replicas_and_redis(rendered):
     router_yaml = yaml.safe_load(config["inferflux-router-config"]["data"]["router.yaml"])
     port = replicas["spec"]["ports"][0]["port"]
     assert router_yaml["router"]["replica_dns"] == f"inferflux-replicas:{port}"
+    router_env = {"INFERFLUX_ROUTER__REDIS_URL": "redis://:stand-in@inferflux-redis:6379/0"}
+    (tmp_path / "router.yaml").write_text(config["inferflux-router-config"]["data"]["router.yaml"])
+    settings = load_settings(tmp_path / "router.yaml", env=router_env).router
+    assert settings.replica_dns == f"inferflux-replicas:{port}" and not settings.replicas
+    assert settings.host == "0.0.0.0" and settings.redis_url is not None
+    server_yaml = yaml.safe_load(config["inferflux-config"]["data"]["server.yaml"])
+    assert settings.shutdown_grace_s >= server_yaml["server"]["shutdown_grace_s"]
     router = deployments["inferflux-router"]["spec"]["template"]["spec"]
     (volume,) = [v for v in router["volumes"] if v["name"] == "config"]
     assert volume["configMap"]["name"] == config["inferflux-router-config"]["metadata"]["name"]
