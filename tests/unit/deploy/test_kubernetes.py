@@ -298,7 +298,7 @@ def test_the_cluster_overlay_wires_router_replicas_and_redis(rendered, tmp_path)
     router_env = {"INFERFLUX_ROUTER__REDIS_URL": "redis://:stand-in@inferflux-redis:6379/0"}
     (tmp_path / "router.yaml").write_text(config["inferflux-router-config"]["data"]["router.yaml"])
     settings = load_settings(tmp_path / "router.yaml", env=router_env).router
-    assert settings.replica_dns == f"inferflux-replicas:{port}" and not settings.replicas
+    assert settings.replica_dns == f"http://inferflux-replicas:{port}" and not settings.replicas
     assert settings.host == "0.0.0.0" and settings.redis_url is not None
     server_yaml = yaml.safe_load(config["inferflux-config"]["data"]["server.yaml"])
     assert settings.shutdown_grace_s >= server_yaml["server"]["shutdown_grace_s"]
