@@ -13,6 +13,7 @@ from typing import Protocol
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, StepStats
+from inferflux.engine.routing import WorkerRouting
 
 MAX_WORKERS = 64  # workers of one model: `EngineClient.scale` bound, as runtime.workers
 
@@ -86,6 +87,7 @@ class WorkerStatus:
     num_in_flight: int
     stats: EngineStats
     load_s: float | None = None  # seconds its latest start took to load the model
+    routing: WorkerRouting | None = None  # the API side's routing counters of this worker
     hangs: int = 0  # times this worker stopped answering and was killed and replaced
     draining: bool = False  # removed by runtime scaling: finishing its requests, then gone
 
