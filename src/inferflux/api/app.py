@@ -164,6 +164,9 @@ def create_app(
         settings, lambda: models.workers() if models else [], model_info, tracer_provider
     )
     access = security or build_security(settings)
+    if telemetry.metrics is not None:
+        replication = access.sync.status if access.sync is not None else None
+        telemetry.metrics.watch_policy(lambda: access.policy.current().version, replication)
     layer = make_security_layer(settings, telemetry.metrics, policy_source or access.policy)
     wrap = _engine_wrapper(telemetry, layer)
     serving = build_serving(
@@ -245,17 +248,23 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
-    while the default model loads; stop every model's engine on exit."""
+    while the default model loads, and policy replication (after one catch-up); stop
+    every model's engine and the replication on exit."""
     state = app_state(app)
     state.engine_start_error = None
     logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
     starting = asyncio.create_task(_start_engine(state), name="engine-start")
+    sync = state.security.sync  # policy replication (redis.url set)
+    if sync is not None:
+        await sync.start()
     grpc_server = await _start_grpc(app, state)
     try:
         yield
     finally:
         if grpc_server is not None:
             await grpc_server.stop()
+        if sync is not None:
+            await sync.close()
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting

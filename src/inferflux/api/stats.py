@@ -8,6 +8,7 @@ every engine step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import msgspec
@@ -15,7 +16,8 @@ from fastapi import APIRouter
 
 from inferflux import __version__
 from inferflux.api.openai.models import model_card
-from inferflux.api.state import ModelsDep, TelemetryDep
+from inferflux.api.security_layer import SecurityState
+from inferflux.api.state import ModelsDep, SecurityDep, TelemetryDep
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -52,11 +54,24 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
     return {**total, "hit_rate": round(total["hits"] / lookups, 4) if lookups else 0.0}
 
 
+def policy_stats(security: SecurityState) -> dict[str, object]:
+    """The policy version this replica runs, and its replication's state (None without
+    `redis.url`): Redis reachable, when the version was applied, the last lag."""
+    sync = security.sync
+    return {
+        "version": security.policy.current().version,
+        "replication": dataclasses.asdict(sync.status()) if sync is not None else None,
+    }
+
+
 @router.get("/server/stats")
-async def server_stats(telemetry: TelemetryDep, models: ModelsDep) -> dict[str, object]:
+async def server_stats(
+    telemetry: TelemetryDep, models: ModelsDep, security: SecurityDep
+) -> dict[str, object]:
     """Uptime, the default model, queue depth per priority, active batches, per-worker
     status and load, cache statistics and token throughput (of the default model's
-    workers), token throughput over the last 10 s and minute, and every model's state."""
+    workers), token throughput over the last 10 s and minute, every model's state, and
+    the policy version (with its replication across replicas)."""
     serving = models.default_serving()
     statuses = serving.engine.workers()
     throughput = {}
@@ -94,4 +109,5 @@ async def server_stats(telemetry: TelemetryDep, models: ModelsDep) -> dict[str, 
             }
             for v in models.models()
         ],  # fmt: skip
+        "policy": policy_stats(security),
     }
