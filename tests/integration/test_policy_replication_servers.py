@@ -41,7 +41,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     folder = tmp_path_factory.mktemp("replication")
     redis_server = RedisServer()
     keys = [{"key": ADMIN_KEY, "id": "ops", "roles": ["admin"]}]
-    servers = []
+    servers: list[ServerProcess] = []
+    made = Replicas(redis_server, servers)  # a test may replace `redis` (a restart)
     try:
         for i in range(3):
             env = {
@@ -61,11 +62,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             except (RuntimeError, TimeoutError) as exc:
                 text = (folder / f"server-{i}.log").read_text(errors="replace")
                 pytest.fail(f"{exc}:\n{text[-4000:]}")
-        yield Replicas(redis_server, servers)
+        yield made
     finally:
         for server in servers:
             server.close()
-        redis_server.kill()
+        made.redis.kill()
 
 
 def _client(key: str = ADMIN_KEY) -> httpx.Client:
