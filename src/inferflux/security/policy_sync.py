@@ -88,7 +88,7 @@ class PolicySyncStatus:
     lag_s: float | None
     catch_ups: int  # versions applied from the periodic check, not from a message
     conflicts: int  # changes of this replica rebased on another replica's newer version
-    rejected: int  # snapshots that did not decode (another passphrase, tampered)
+    rejected: int  # versions whose snapshot did not decode (another passphrase, tampered)
 
 
 class _Keys:
@@ -127,6 +127,7 @@ class PolicySync:
         self._applied_at: float | None = None
         self._lag_s: float | None = None
         self._counts = {"catch_ups": 0, "conflicts": 0, "rejected": 0}
+        self._rejected_version: int | None = None
 
     def status(self) -> PolicySyncStatus:
         return PolicySyncStatus(
@@ -163,10 +164,13 @@ class PolicySync:
             published, current = await self._call(self._publish(keys=keys, args=args))
             if published:
                 self._on_success()
-                self._applied_at, self._lag_s = time.time(), 0.0
+                self._applied_at = time.time()
                 return None
             newer = await self._call(self._fetch())
         except REDIS_ERRORS as exc:
+            # NOTE: a reply lost after the script ran (a timeout) leaves the change
+            # published: the caller gets a 503, and this replica applies the version
+            # from the channel like any other.
             self._on_failure(exc)
             raise PolicyUnavailable(
                 "policy replication unavailable (Redis cannot be reached); the change was "
@@ -262,8 +266,13 @@ class PolicySync:
                 blob if isinstance(blob, bytes) else blob.encode(), int(version)
             )
         except SnapshotError as exc:
-            self._counts["rejected"] += 1
-            logger.error("policy replication: the snapshot in Redis is refused: %s", exc)
+            if int(version) != self._rejected_version:  # once per version, not per check
+                self._rejected_version = int(version)
+                self._counts["rejected"] += 1
+                logger.error(
+                    "policy replication: the snapshot of version %s in Redis is refused "
+                    "(%s); keeping version %d", int(version), exc, self._live.stored().version,
+                )  # fmt: skip
             return None
         published_at = int(published_us) / 1e6 if published_us is not None else None
         return policy, published_at
@@ -276,7 +285,7 @@ class PolicySync:
     def _on_failure(self, exc: BaseException) -> None:
         if self._redis_up:
             logger.warning(
-                "policy replication: Redis at %s is unreachable (%s); serving the policy "
+                "policy replication: Redis at %s cannot be reached (%s); serving the policy "
                 "held (version %d), admin changes are refused until it answers again",
                 self._where, type(exc).__name__, self._live.stored().version,
             )  # fmt: skip
