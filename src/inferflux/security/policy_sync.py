@@ -128,6 +128,7 @@ class PolicySync:
         self._lag_s: float | None = None
         self._counts = {"catch_ups": 0, "conflicts": 0, "rejected": 0}
         self._rejected_version: int | None = None
+        self._closed = False
 
     def status(self) -> PolicySyncStatus:
         return PolicySyncStatus(
@@ -148,12 +149,16 @@ class PolicySync:
         self._task = asyncio.create_task(self._run(), name="policy-sync")
 
     async def close(self) -> None:
+        """Stop following (bounded: a task that does not end within a few timeouts is
+        left cancelled) and close the Redis connections."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(self._timeout_s * 8):
+                    await self._task
         with contextlib.suppress(*REDIS_ERRORS):
-            await self._client.aclose()
+            await self._call(self._client.aclose())
 
     async def publish(self, policy: Policy, base_version: int) -> Policy | None:
         """`PolicyPublisher.publish`: compare and set in Redis (module docstring)."""
@@ -185,16 +190,21 @@ class PolicySync:
         return newer[0]
 
     async def _run(self) -> None:
-        while True:
+        # NOTE: `_closed` ends the loop even if a cancel were turned into a TimeoutError
+        # by a `_call` timeout expiring at the same moment.
+        while not self._closed:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await self._follow(pubsub)
             except REDIS_ERRORS as exc:
                 self._on_failure(exc)
+            except Exception:  # a bug must not end replication silently
+                logger.exception("policy replication: unexpected error; retrying")
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped upstream
-            await asyncio.sleep(self._interval_s)
+                    await self._call(pubsub.aclose())  # type: ignore[no-untyped-call]
+            if not self._closed:
+                await asyncio.sleep(self._interval_s)
 
     async def _follow(self, pubsub: PubSub) -> None:
         """Subscribe, catch up, then apply each announced version, checking the version
