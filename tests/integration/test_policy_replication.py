@@ -199,3 +199,17 @@ def _version(server: RedisServer) -> int | None:
         return None
     finally:
         client.close()
+
+
+async def test_replicas_sharing_one_store_file_only_move_it_forward(cluster, tmp_path):
+    path = tmp_path / "shared.store"
+    PolicyStore(path, PASS, log2_n=FAST).save(Policy())
+    stores = [PolicyStore(path, PASS, log2_n=FAST) for _ in range(3)]
+    replicas = [await cluster.replica(store=store) for store in stores]
+    for i in range(6):
+        live, _ = replicas[i % 3]
+        await live.update(_limit(100 + i))
+    await eventually(lambda: all(live.current().version == 6 for live, _ in replicas))
+    # every replica wrote every version it applied: the file holds the newest, and a
+    # restart loads it (no rollback refusal from the shared sidecar)
+    assert PolicyStore(path, PASS).load().default_limits == RateLimits(105)
