@@ -26,6 +26,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from inferflux.security.policy import Policy
+from inferflux.security.replication import SnapshotError
+
+__all__ = ["DEFAULT_LOG2_N", "SnapshotCodec", "SnapshotError"]
 
 _MAGIC = b"IFPR"
 _FORMAT = 1
@@ -34,10 +37,6 @@ _HEADER_BYTES = len(_MAGIC) + 2
 _NONCE_BYTES = 12
 _SALT_LABEL = b"inferflux policy replication v1:"
 DEFAULT_LOG2_N = 17  # as the store: 128 MiB, ~0.5 s, once per process
-
-
-class SnapshotError(Exception):
-    """A snapshot that does not decode: another passphrase, tampered, or not ours."""
 
 
 class SnapshotCodec:
