@@ -1,7 +1,8 @@
 """Policy replication end to end: three `inferflux serve` replicas (one worker each, each
 with its own encrypted policy store, as Kubernetes pods with an emptyDir) share one real
-redis-server. An admin change on A (an API key, a rate limit, a guardrail word) is
-visible on B and C within a second, with the same version in /server/stats; Redis killed
+redis-server. An admin change on A (an API key, a rate limit, a guardrail word, a live
+config value) is visible on B and C within a second, with the same version in
+/server/stats; Redis killed
 with SIGKILL: every replica keeps serving generations, admin changes are refused with a
 clear 503; Redis restarted empty on the same port: the replicas re-seed it, and a change
 made while their subscriptions are down still reaches them (the periodic check)."""
@@ -135,6 +136,27 @@ def test_admin_changes_on_one_replica_reach_the_others(replicas):
         assert f"inferflux_policy_version {float(versions[0])}" in metrics
         assert "inferflux_policy_replication_lag_seconds" in metrics
         assert client.put(f"{a}/v1/admin/guardrails", json={}).status_code == 200
+
+
+def test_live_config_changes_on_one_replica_reach_the_others(replicas):
+    a, *others = replicas.urls
+
+    def queue_timeout(client: httpx.Client, url: str) -> float:
+        return client.get(f"{url}/v1/admin/config").json()["config"]["scheduler"]["queue_timeout_s"]
+
+    with _client() as client:
+        before = queue_timeout(client, a)
+        change = {"scheduler": {"queue_timeout_s": before + 7}}
+        patched = client.patch(f"{a}/v1/admin/config", json=change)
+        assert patched.status_code == 200, patched.text
+        try:
+            _on_all(others, lambda u: queue_timeout(client, u) == before + 7, PROPAGATION_S)
+            stats = client.get(f"{others[0]}/server/stats").json()["config_replication"]
+            assert stats["version"] >= 1 and stats["redis_up"]
+        finally:
+            restore = {"scheduler": {"queue_timeout_s": before}}
+            assert client.patch(f"{a}/v1/admin/config", json=restore).status_code == 200
+        _on_all(others, lambda u: queue_timeout(client, u) == before, PROPAGATION_S)
 
 
 def _generates(client: httpx.Client, url: str) -> bool:

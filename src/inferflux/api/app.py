@@ -36,6 +36,7 @@ from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
+from inferflux.api.config_sync import make_config_sync
 from inferflux.api.drain import DrainMiddleware
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
@@ -186,8 +187,10 @@ def create_app(
         ttl_s=responses.ttl_s,
     )
     live = LiveConfig(settings, models)
+    config_sync = make_config_sync(settings.redis, live)
     attach_state(
-        app, AppState(settings, telemetry, access, layer, models, generation, stored, live)
+        app,
+        AppState(settings, telemetry, access, layer, models, generation, stored, live, config_sync),
     )
     install_error_handlers(app)
     _include_routers(app, settings)
@@ -248,14 +251,15 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
-    while the default model loads, and policy replication (after one catch-up); stop
-    every model's engine and the replication on exit."""
+    while the default model loads, and the policy and live config replication (after
+    one catch-up each); stop every model's engine and the replication on exit."""
     state = app_state(app)
     state.engine_start_error = None
     logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
     starting = asyncio.create_task(_start_engine(state), name="engine-start")
-    sync = state.security.sync  # policy replication (redis.url set)
-    if sync is not None:
+    # policy and live config replication (redis.url set)
+    syncs = [s for s in (state.security.sync, state.config_sync) if s is not None]
+    for sync in syncs:
         await sync.start()
     grpc_server = await _start_grpc(app, state)
     try:
@@ -263,7 +267,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if grpc_server is not None:
             await grpc_server.stop()
-        if sync is not None:
+        for sync in syncs:
             await sync.close()
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):

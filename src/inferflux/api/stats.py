@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from inferflux import __version__
 from inferflux.api.openai.models import model_card
 from inferflux.api.security_layer import SecurityState
-from inferflux.api.state import ModelsDep, SecurityDep, TelemetryDep
+from inferflux.api.state import AppState, ModelsDep, SecurityDep, StateDep, TelemetryDep
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -64,14 +64,21 @@ def policy_stats(security: SecurityState) -> dict[str, object]:
     }
 
 
+def config_replication(state: AppState) -> dict[str, object] | None:
+    """The live config's replication state (None without `redis.url`)."""
+    sync = state.config_sync
+    return dataclasses.asdict(sync.status()) if sync is not None else None
+
+
 @router.get("/server/stats")
 async def server_stats(
-    telemetry: TelemetryDep, models: ModelsDep, security: SecurityDep
+    telemetry: TelemetryDep, models: ModelsDep, security: SecurityDep, state: StateDep
 ) -> dict[str, object]:
     """Uptime, the default model, queue depth per priority, active batches, per-worker
     status and load, cache statistics and token throughput (of the default model's
-    workers), token throughput over the last 10 s and minute, every model's state, and
-    the policy version (with its replication across replicas)."""
+    workers), token throughput over the last 10 s and minute, every model's state, the
+    policy version (with its replication across replicas) and the live config's
+    replication."""
     serving = models.default_serving()
     statuses = serving.engine.workers()
     throughput = {}
@@ -110,4 +117,5 @@ async def server_stats(
             for v in models.models()
         ],  # fmt: skip
         "policy": policy_stats(security),
+        "config_replication": config_replication(state),
     }

@@ -55,13 +55,20 @@ class RedisSettings(_Section):
         "backstop to pub/sub (catch-up after a Redis restart or a dropped subscription), "
         "and how long it waits before reconnecting after a failure.",
     )
+    config_sync: bool = Field(
+        True,
+        description="With url set: replicate live config changes (PATCH /v1/admin/config) "
+        "to every replica that shares this Redis and namespace; a replica that starts "
+        "takes the cluster's live values. Off: each replica keeps its own.",
+    )
     policy_namespace: str = Field(
         "inferflux:policy",
         min_length=1,
         max_length=64,
         pattern=r"^[A-Za-z0-9:._-]+$",
-        description="Prefix of the policy replication keys and channel in Redis: replicas "
-        "that act as one service share it; another cluster on the same Redis uses another.",
+        description="Prefix of the policy replication keys and channel in Redis (the live "
+        "config's are under `<prefix>:config`): replicas that act as one service share "
+        "it; another cluster on the same Redis uses another.",
     )
 
     @field_validator("url")
