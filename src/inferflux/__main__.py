@@ -1,6 +1,7 @@
-"""`python -m inferflux serve ...` runs the same CLI as the `inferflux` console script."""
+"""`python -m inferflux serve ...` (or `router ...`) runs the same CLI as the `inferflux`
+console script."""
 
-from inferflux.cli.serve import main
+from inferflux.cli.main import main
 
 if __name__ == "__main__":
     main()

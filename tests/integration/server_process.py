@@ -65,13 +65,17 @@ class ServerProcess:
         log_path: Path | None = None,
         executable: str = INFERFLUX,
         cwd: Path | None = None,
+        port: int | None = None,
+        command: str = "serve",
     ):
-        """`executable`: another `inferflux` (an installed wheel's), run in `cwd`."""
-        self.port = free_port()
+        """`executable`: another `inferflux` (an installed wheel's), run in `cwd`.
+        `port`: a given one (a restart on the same port), else a free one. `command`:
+        the subcommand (`serve`, `router`)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [executable, "serve", "--port", str(self.port), *args],
+            [executable, command, "--port", str(self.port), *args],
             env={**os.environ, **(env or {})},
             cwd=cwd,
             stdout=self._log,
@@ -93,6 +97,15 @@ class ServerProcess:
             time.sleep(0.2)
         raise TimeoutError(f"server on {self.url} not ready after {timeout_s}s")
 
+    def kill(self) -> None:
+        """SIGKILL the whole group (a crash, not a shutdown)."""
+        _LIVE.discard(self.process)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+
     def close(self) -> None:
         _LIVE.discard(self.process)
         if self.process.poll() is None:
@@ -104,3 +117,18 @@ class ServerProcess:
                 self.process.wait(timeout=10)
         if self._log is not subprocess.DEVNULL:
             self._log.close()
+
+
+class RouterProcess(ServerProcess):
+    """`inferflux router --replica URL ...` in its own process group; ready (/readyz 200)
+    once at least one replica passed a health check."""
+
+    def __init__(
+        self,
+        *replicas: str,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ):
+        flags = [flag for url in replicas for flag in ("--replica", url)]
+        super().__init__(*flags, *args, env=env, log_path=log_path, command="router")

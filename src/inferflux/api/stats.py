@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from inferflux import __version__
 from inferflux.api.openai.models import model_card
 from inferflux.api.security_layer import SecurityState
-from inferflux.api.state import AppState, ModelsDep, SecurityDep, StateDep, TelemetryDep
+from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -37,7 +37,31 @@ def worker_stats(status: WorkerStatus) -> dict[str, object]:
         "load_s": status.load_s,
         "busy": status.stats.num_running > 0,
         **msgspec.to_builtins(status.stats),
+        "routing": _worker_routing(status),
     }
+
+
+def _worker_routing(status: WorkerStatus) -> dict[str, object] | None:
+    """Routing decisions that picked this worker ("strategy/outcome": count), prompt
+    tokens sent to it because it held them, and the prefix blocks indexed for it."""
+    routing = status.routing
+    if routing is None:
+        return None
+    return {
+        "decisions": {f"{s}/{o}": n for (s, o), n in sorted(routing.decisions.items())},
+        "affinity_tokens": routing.affinity_tokens,
+        "indexed_blocks": routing.indexed_blocks,
+    }
+
+
+def routing_stats(strategy: str, statuses: list[WorkerStatus]) -> dict[str, object]:
+    """The routing strategy in force and its decisions summed over workers."""
+    decisions: dict[str, int] = {}
+    for status in statuses:
+        if status.routing is not None:
+            for (s, o), n in status.routing.decisions.items():
+                decisions[f"{s}/{o}"] = decisions.get(f"{s}/{o}", 0) + n
+    return {"strategy": strategy, "decisions": dict(sorted(decisions.items()))}
 
 
 def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
@@ -72,13 +96,13 @@ def config_replication(state: AppState) -> dict[str, object] | None:
 
 @router.get("/server/stats")
 async def server_stats(
-    telemetry: TelemetryDep, models: ModelsDep, security: SecurityDep, state: StateDep
+    telemetry: TelemetryDep, models: ModelsDep, state: StateDep
 ) -> dict[str, object]:
     """Uptime, the default model, queue depth per priority, active batches, per-worker
     status and load, cache statistics and token throughput (of the default model's
-    workers), token throughput over the last 10 s and minute, every model's state, the
-    policy version (with its replication across replicas) and the live config's
-    replication."""
+    workers), routing (strategy and decisions), token throughput over the last 10 s and
+    minute, every model's state, the policy version (with its replication across
+    replicas) and the live config's replication."""
     serving = models.default_serving()
     statuses = serving.engine.workers()
     throughput = {}
@@ -104,6 +128,7 @@ async def server_stats(
         "kv_cells_used": sum(s.stats.kv_cells_used for s in statuses),
         "kv_cells_total": sum(s.stats.kv_cells_total for s in statuses),
         "prefix_cache": cache_stats(statuses),
+        "routing": routing_stats(state.settings.scheduler.routing, statuses),
         "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],
         "models": [
@@ -116,6 +141,6 @@ async def server_stats(
             }
             for v in models.models()
         ],  # fmt: skip
-        "policy": policy_stats(security),
+        "policy": policy_stats(state.security),
         "config_replication": config_replication(state),
     }

@@ -31,6 +31,7 @@ from inferflux.api import create_app
 from inferflux.api.drain import Drain, drain_then_stop
 from inferflux.api.security_layer import SecurityState, build_security
 from inferflux.api.state import app_state
+from inferflux.cli.router import router
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
 from inferflux.engine import make_engine_client
@@ -78,6 +79,12 @@ def _root(version: VersionOption = False) -> None:
     """InferFlux: an OpenAI-compatible LLM inference server on llama.cpp."""
 
 
+_ROUTING_HELP = (
+    "How requests pick a worker: prefix_affinity, least_loaded, round_robin, memory_aware "
+    "(scheduler.routing)."
+)
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
@@ -103,6 +110,7 @@ def serve(
     in_process: Annotated[
         bool, typer.Option("--in-process", help="Run the engine on a thread (debugging).")
     ] = False,
+    routing: Annotated[str | None, typer.Option(help=_ROUTING_HELP)] = None,
     ollama_port: Annotated[
         int | None,
         typer.Option(
@@ -134,6 +142,7 @@ def serve(
         "registry.path": registry,
         "runtime.workers": workers,
         "runtime.in_process": True if in_process else None,
+        "scheduler.routing": routing,
         "auth.policy_accept_rollback": True if accept_policy_rollback else None,
     }
     try:
@@ -327,6 +336,9 @@ def startup_banner(settings: Settings, model_info: ModelInfo) -> str:
     if settings.server.grpc_port is not None:
         banner += f"\ngRPC (inferflux.v1.Inference): {shown}:{settings.server.grpc_port}"
     return banner
+
+
+app.command("router")(router)
 
 
 def main() -> None:

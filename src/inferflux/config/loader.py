@@ -53,6 +53,8 @@ SECRET_KEYS = (
     "auth.policy_passphrase",
     "redis.url",
     "audit.hmac_key",
+    "router.stats_api_key",
+    "router.redis_url",
 )
 ENV_ONLY_KEYS = {"auth.policy_passphrase": "INFERFLUX_POLICY_PASSPHRASE"}
 

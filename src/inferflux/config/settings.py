@@ -19,6 +19,7 @@ from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors
 from inferflux.config.manifest import QuantizationLevel, check_model_url
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
+from inferflux.config.router_settings import RouterSettings
 from inferflux.config.security_settings import (
     AuditSettings,
     GuardrailSettings,
@@ -268,6 +269,38 @@ class SchedulerSettings(_Section):
         le=1_000_000,
         description="Backpressure ends once the queue is back at or below this depth.",
     )
+    routing: Literal["prefix_affinity", "least_loaded", "round_robin", "memory_aware"] = Field(
+        "prefix_affinity",
+        description="How the API process picks a worker for each generation (with "
+        "runtime.workers > 1): `prefix_affinity` the worker most likely to hold the "
+        "prompt's longest prefix in its prefix cache, unless the balance thresholds say it "
+        "is overloaded; `least_loaded` the fewest requests in flight; `round_robin` each "
+        "ready worker in turn; `memory_aware` the most free KV cells for prompt + "
+        "max_tokens (503 + Retry-After when no worker has room). docs/scaling.md.",
+    )
+    balance_abs_threshold: int = Field(
+        2,
+        ge=0,
+        le=1_000_000,
+        description="prefix_affinity gives up a worker's cache for the least-loaded worker "
+        "when that worker has more than this many requests in flight above the least "
+        "loaded one, and balance_rel_threshold holds too (SGLang router's "
+        "balance_abs_threshold).",
+    )
+    balance_rel_threshold: float = Field(
+        1.5,
+        ge=1.0,
+        le=1000.0,
+        description="...and when its requests in flight exceed this many times the least "
+        "loaded worker's (SGLang router's balance_rel_threshold). Both must hold.",
+    )
+    affinity_min_match_tokens: int = Field(
+        32,
+        ge=1,
+        le=1_000_000,
+        description="prefix_affinity: a request whose longest known prefix on any worker "
+        "is shorter than this (counted in 16-token blocks) goes to the least-loaded worker.",
+    )
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)  # type: ignore[arg-type]
     prefix_cache: PrefixCacheSettings = Field(
         default_factory=PrefixCacheSettings  # type: ignore[arg-type]
@@ -470,3 +503,4 @@ class Settings(_Section):
     registry: RegistrySettings = Field(
         default_factory=RegistrySettings  # type: ignore[arg-type]
     )
+    router: RouterSettings = Field(default_factory=RouterSettings)  # type: ignore[arg-type]

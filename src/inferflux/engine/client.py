@@ -1,9 +1,10 @@
 """`WorkerPoolClient`: the API process's `EngineClient` over worker processes (or threads).
 
-Owns: spawning workers, routing each request to the least-loaded ready worker, one
-receive loop that dispatches every `StepOutputs` delta to its request's asyncio.Queue,
-and a watchdog that notices a dead worker within `_WATCHDOG_S`, fails its in-flight
-requests with EngineDeadError, and starts a replacement. Does not own: engine logic.
+Owns: spawning workers, sending each request to the ready worker its router picks
+(`scheduler.routing`, engine/routing.py), one receive loop that dispatches every
+`StepOutputs` delta to its request's asyncio.Queue, and a watchdog that notices a dead
+worker within `_WATCHDOG_S`, fails its in-flight requests with EngineDeadError, and
+starts a replacement. Does not own: engine logic.
 
 Channels: every worker connects to one Unix stream socket the API listens on and sends
 its output there as length-prefixed frames (frames.py: the event loop reads them
@@ -50,12 +51,12 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.protocol import EmbeddingResult, EngineClient, ModelInfo, WorkerStatus
+from inferflux.engine.routing import RouteRequest, WorkerLoad, make_worker_router
 from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
 from inferflux.errors import (
     EngineDeadError,
     EngineError,
     ModelLoadError,
-    NoWorkerReady,
     QueueFull,
     QueueTimeout,
 )
@@ -70,6 +71,8 @@ _RESUBMIT_WAIT_S = 30.0
 # still alive after this long is killed (it holds nothing worth saving), so that a
 # graceful stop fits the last part of server.shutdown_grace_s (api/drain.py).
 SHUTDOWN_JOIN_S = 1.0
+# Finishes after which a worker caches the request's prompt and output (engine/core.py).
+_CACHED_FINISHES = frozenset({FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH})
 
 
 class _Aborted(Exception):
@@ -110,6 +113,30 @@ class _Worker:
         return self.thread is not None and self.thread.is_alive()
 
 
+def _load(worker: _Worker) -> WorkerLoad:
+    """What routing sees of `worker`."""
+    stats = worker.stats
+    cache = stats.prefix_cache
+    return WorkerLoad(
+        worker_id=worker.worker_id,
+        generation=worker.generation,
+        ready=worker.ready,
+        num_in_flight=len(worker.in_flight),
+        kv_cells_used=stats.kv_cells_used,
+        kv_cells_total=stats.kv_cells_total,
+        cache_max_tokens=cache.max_tokens if cache is not None else 0,
+    )
+
+
+def _cached_tokens(request: AddRequest, last: RequestDelta, output: list[int]) -> list[int] | None:
+    """The tokens a finished request left in its worker's prefix cache: its prompt and
+    every output token but the last (sampled, never decoded); None unless it finished
+    normally (an aborted or failed one may have computed less)."""
+    if last.finish_reason not in _CACHED_FINISHES:
+        return None
+    return request.prompt_token_ids + output[:-1]
+
+
 class WorkerPoolClient:
     """EngineClient over `settings.runtime.workers` engine workers."""
 
@@ -129,6 +156,7 @@ class WorkerPoolClient:
         self._step_observers: list[Callable[[int, StepStats], None]] = []
         self._n_batch = settings.scheduler.max_batch_tokens  # the contexts' batch, for good
         self._reconfigured = False  # a live change happened: workers get it once ready
+        self._router = make_worker_router()  # reads settings.scheduler.routing per request
 
     # -- EngineClient -----------------------------------------------------------------
     @property
@@ -180,7 +208,7 @@ class WorkerPoolClient:
         # One that already streamed output fails: its sampling state died with the worker.
         self._check_backpressure()
         for attempt in range(_MAX_RESUBMITS + 1):
-            worker = self._pick_worker()
+            worker = self._pick_worker(request)
             produced = False
             try:
                 async for delta in self._generate_on(worker, request):
@@ -230,6 +258,7 @@ class WorkerPoolClient:
         worker.in_flight.add(request_id)
         finished = False
         last = RequestDelta(request_id=request_id)
+        output: list[int] = []  # what the worker's prefix cache keeps: prompt + output
         try:
             await self._send(worker, encode(request))
             while True:
@@ -242,11 +271,13 @@ class WorkerPoolClient:
                     raise item
                 finished = item.finish_reason is not None
                 last = item
+                output.extend(item.token_ids)
                 yield item
                 if finished:
                     return
         finally:
             self._forget(request_id)
+            self._router.finish(request_id, _cached_tokens(request, last, output))
             if not finished:
                 await self._send_abort(worker, request_id)
 
@@ -274,6 +305,7 @@ class WorkerPoolClient:
                 num_in_flight=len(w.in_flight),
                 stats=w.stats,
                 load_s=w.load_s,
+                routing=self._router.stats(w.worker_id),
             )
             for w in self._workers
         ]
@@ -305,11 +337,21 @@ class WorkerPoolClient:
                 worker.socket.send(encode(message), zmq.NOBLOCK)
 
     # -- routing and dispatch -------------------------------------------------------------
-    def _pick_worker(self) -> _Worker:
-        ready = [w for w in self._workers if w.ready]
-        if not ready:
-            raise NoWorkerReady("no engine worker is ready; retry shortly")
-        return min(ready, key=lambda w: len(w.in_flight))
+    def _pick_worker(self, request: AddRequest | None = None) -> _Worker:
+        """The worker for `request` by `scheduler.routing` (engine/routing.py), read now so
+        a live change applies at once; the least-loaded one for an embedding (None)."""
+        loads = [_load(w) for w in self._workers]
+        if request is None:
+            worker_id = self._router.route_any(loads)
+        else:
+            route = RouteRequest(
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling.max_tokens,
+                request.cache_namespace,
+            )
+            worker_id = self._router.route(route, loads, self.settings.scheduler).worker_id
+        return next(w for w in self._workers if w.worker_id == worker_id)
 
     def _forget(self, request_id: str) -> None:
         entry = self._queues.pop(request_id, None)

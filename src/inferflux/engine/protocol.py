@@ -13,6 +13,7 @@ from typing import Protocol
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.messages import AddRequest, EngineStats, RequestDelta, StepStats
+from inferflux.engine.routing import WorkerRouting
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class WorkerStatus:
     num_in_flight: int
     stats: EngineStats
     load_s: float | None = None  # seconds its latest start took to load the model
+    routing: WorkerRouting | None = None  # the API side's routing counters of this worker
 
 
 class Tokenizer(Protocol):

@@ -123,6 +123,30 @@ class UrlSecretRedactor(logging.Filter):
         return True
 
 
+# A handshake header line as websockets (and uvicorn's WebSocket protocol) log them at
+# debug: `> Authorization: Bearer ...` sent, `< authorization: ...` received.
+_SECRET_HEADER_LINE = re.compile(
+    r"^([<>] (?:authorization|proxy-authorization|x-api-key|api-key|cookie|set-cookie"
+    r"|sec-websocket-protocol)\s*:\s*).*$",
+    re.IGNORECASE,
+)
+
+
+class HeaderSecretRedactor(logging.Filter):
+    """Blanks the value of a credential header in the handshake lines that websockets
+    and uvicorn log at debug (`< authorization: Bearer sk-...` → `< authorization:
+    <redacted>`), on the server's WebSocket routes and the router's WebSocket relay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str) or record.msg[:2] not in ("< ", "> "):
+            return True
+        message = record.getMessage()
+        redacted = _SECRET_HEADER_LINE.sub(r"\1<redacted>", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
 class RequestSampler(logging.Filter):
     """Applies the log level and the request sampling, server-wide or per tenant.
 
@@ -268,6 +292,7 @@ def configure_logging(
         new.addFilter(RequestIdFilter())
         new.addFilter(AccessQueryRedactor())
         new.addFilter(UrlSecretRedactor())
+        new.addFilter(HeaderSecretRedactor())
         new.addFilter(RequestSampler(settings))
         root.addHandler(new)
     _set_levels(settings)

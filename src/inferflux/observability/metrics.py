@@ -11,8 +11,9 @@ Naming (prometheus.io): `inferflux_` prefix, base units (`_seconds`), counters e
 `_total`; the OBS-1 names of the product requirements are kept exactly
 (docs/observability.md). Labels are bounded: `model`, `route` (the route template, never
 the raw path), `status`, `priority`, `finish_reason`, `backend`, `worker` (an index below
-runtime.workers), and the security labels `kind`, `outcome`, `mode`, `stage`, `rule`,
-`action` (fixed small sets); never a key, a user, a tenant or a prompt.
+runtime.workers), `strategy` (scheduler.routing), and the security labels `kind`,
+`outcome`, `mode`, `stage`, `rule`, `action` (fixed small sets); never a key, a user, a
+tenant or a prompt.
 docs/observability.md lists every metric.
 
 Worker counters (prefix cache, fairness) are summed over workers; a restarted worker
@@ -109,6 +110,13 @@ class EngineStatsView(Protocol):
     def prefix_cache(self) -> PrefixCacheView | None: ...
 
 
+class RoutingView(Protocol):
+    """What the collector reads of a worker's routing counters (engine `WorkerRouting`)."""
+
+    @property
+    def decisions(self) -> Mapping[tuple[str, str], int]: ...
+
+
 class WorkerView(Protocol):
     """One worker as the API process sees it (engine `WorkerStatus`)."""
 
@@ -122,6 +130,8 @@ class WorkerView(Protocol):
     def load_s(self) -> float | None: ...
     @property
     def stats(self) -> EngineStatsView: ...
+    @property
+    def routing(self) -> RoutingView | None: ...
 
 
 def build_info() -> dict[str, str]:
@@ -442,6 +452,7 @@ class WorkerCollector(Collector):
         yield from _fairness([s.fairness for s in stats])
         yield from _prefix([s.prefix_cache for s in stats if s.prefix_cache is not None])
         yield from _liveness(workers)
+        yield _routing(workers)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -563,3 +574,22 @@ def _liveness(workers: Sequence[WorkerView]) -> Iterator[Metric]:
     yield up
     yield restarts
     yield load
+
+
+def _routing(workers: Sequence[WorkerView]) -> Metric:
+    """Routing decisions summed over workers. A decision is counted on the worker it
+    chose; a `memory_aware` refusal on the worker that had the most free cells."""
+    totals: dict[tuple[str, str], int] = {}
+    for w in workers:
+        if w.routing is not None:
+            for labels, n in w.routing.decisions.items():
+                totals[labels] = totals.get(labels, 0) + n
+    family = CounterMetricFamily(
+        "inferflux_routing_decisions",
+        "Workers picked for generations, by scheduler.routing strategy and outcome "
+        "(affinity, balanced, least_loaded, round_robin, memory_aware, refused)",
+        labels=["strategy", "outcome"],
+    )
+    for (strategy, outcome), n in sorted(totals.items()):
+        family.add_metric([strategy, outcome], n)
+    return family

@@ -72,6 +72,8 @@ async def test_server_stats(client: httpx.AsyncClient) -> None:
     for key in ("ready", "num_in_flight", "num_running", "num_waiting", "num_steps"):
         assert key in worker
     assert worker["num_running"] == 1 and worker["num_steps"] == 5
+    assert body["routing"] == {"strategy": "prefix_affinity", "decisions": {}}
+    assert worker["routing"] is None  # the fake engine has no router
 
 
 async def test_lifespan_starts_and_stops_the_engine() -> None:

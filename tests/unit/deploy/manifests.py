@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 SCHEMAS = KUBERNETES / "schemas"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "cluster", "gateway")
 # The Kubernetes API versions the manifests are checked against: the oldest docs/deploy.md
 # supports and the newest kubernetes-validate bundles.
 KUBERNETES_VERSIONS = ("1.27", "1.37")
@@ -33,7 +33,15 @@ KUBERNETES_VERSIONS = ("1.27", "1.37")
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_v1_servicemonitor",
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_v1alpha1_scaledobject",
+    (
+        "inference.networking.k8s.io/v1",
+        "InferencePool",
+    ): "inference.networking.k8s.io_v1_inferencepool",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_v1_httproute",
 }
+# Pods that talk to the Kubernetes API and so mount a service-account token: the Gateway API
+# Inference Extension's endpoint picker watches its InferencePool and the pool's pods.
+API_CLIENTS = {"inferflux-epp"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Pod"}
 
 Manifest = dict[str, Any]  # Any: a parsed Kubernetes object, checked by the schemas
@@ -66,6 +74,17 @@ def render(directory: Path) -> list[Manifest]:
 
 def by_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
     return [obj for obj in objects if obj["kind"] == kind]
+
+
+def server(objects: list[Manifest]) -> Manifest:
+    """The InferFlux server Deployment (an overlay may add a router, Redis, an EPP)."""
+    (found,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "inferflux"]
+    return found
+
+
+def runs_inferflux(container: dict[str, Any]) -> bool:
+    """A container of the InferFlux image (the server or `inferflux router`)."""
+    return str(container.get("image", "")).split(":")[0].rsplit("/", 1)[-1] == "inferflux"
 
 
 def one(objects: list[Manifest], kind: str) -> Manifest:
@@ -150,7 +169,9 @@ def workload_problems(obj: Manifest) -> list[str]:
     if spec is None:
         return []
     name = f"{obj['kind']}/{obj['metadata']['name']}"
-    problems = [f"{name}: {p}" for p in _pod_problems(spec)]
+    inferflux = any(runs_inferflux(c) for c in spec.get("containers", []))
+    api_client = obj["metadata"]["name"] in API_CLIENTS
+    problems = [f"{name}: {p}" for p in _pod_problems(spec, inferflux, api_client)]
     containers = spec.get("containers", []) + spec.get("initContainers", [])
     for container in containers:
         where = f"{name} container {container.get('name')}"
@@ -161,15 +182,15 @@ def workload_problems(obj: Manifest) -> list[str]:
     return problems
 
 
-def _pod_problems(spec: dict[str, Any]) -> list[str]:
+def _pod_problems(spec: dict[str, Any], inferflux: bool, api_client: bool) -> list[str]:
     problems = []
     context = spec.get("securityContext", {})
     if context.get("runAsNonRoot") is not True:
         problems.append("securityContext.runAsNonRoot is not true")
     if context.get("seccompProfile", {}).get("type") != "RuntimeDefault":
         problems.append("securityContext.seccompProfile.type is not RuntimeDefault")
-    if spec.get("automountServiceAccountToken") is not False:
-        problems.append("automountServiceAccountToken is not false")
+    if spec.get("automountServiceAccountToken") is not api_client:
+        problems.append(f"automountServiceAccountToken is not {str(api_client).lower()}")
     if spec.get("enableServiceLinks") is not False:
         problems.append("enableServiceLinks is not false (INFERFLUX_PORT would be tcp://…)")
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
@@ -178,7 +199,7 @@ def _pod_problems(spec: dict[str, Any]) -> list[str]:
     if any("hostPath" in volume for volume in spec.get("volumes", [])):
         problems.append("a hostPath volume (not allowed by the restricted Pod Security Standard)")
     grace = spec.get("terminationGracePeriodSeconds", 30)
-    if grace < 60:
+    if inferflux and grace < 60:
         problems.append(
             f"terminationGracePeriodSeconds {grace} < 60 leaves streams no time to drain"
         )
@@ -212,6 +233,14 @@ def _container_problems(container: dict[str, Any]) -> list[str]:
 
 
 def _probe_problems(container: dict[str, Any]) -> list[str]:
+    """InferFlux containers: the health routes and a preStop that lets streams drain.
+    Others (Redis, the endpoint picker): a readiness and a liveness probe of any kind."""
+    if not runs_inferflux(container):
+        return [
+            f"{probe} is missing"
+            for probe in ("readinessProbe", "livenessProbe")
+            if not container.get(probe)
+        ]
     wanted = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
     problems = []
     for probe, path in wanted.items():

@@ -23,6 +23,7 @@ from tests.unit.deploy.manifests import (
     crd_schema,
     one,
     render,
+    server,
     validate,
     workload_problems,
 )
@@ -73,7 +74,7 @@ def test_every_rendered_object_validates_against_its_schema(rendered):
 
 
 def test_validation_catches_a_typo_in_a_core_object_and_in_a_custom_resource(rendered):
-    deployment = copy.deepcopy(one(rendered["cpu"], "Deployment"))
+    deployment = copy.deepcopy(server(rendered["cpu"]))
     deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     assert any("readinesProbe" in p for p in validate(deployment))
     monitor = copy.deepcopy(one(rendered["cpu"], "ServiceMonitor"))
@@ -82,6 +83,12 @@ def test_validation_catches_a_typo_in_a_core_object_and_in_a_custom_resource(ren
     scaled = copy.deepcopy(one(rendered["cpu+keda"], "ScaledObject"))
     scaled["spec"]["minReplicaCount"] = "two"
     assert any("minReplicaCount" in p for p in validate(scaled))
+    pool = copy.deepcopy(one(rendered["gateway"], "InferencePool"))
+    pool["spec"]["targetPort"] = pool["spec"].pop("targetPorts")
+    assert any("targetPort" in p for p in validate(pool))
+    route = copy.deepcopy(one(rendered["gateway"], "HTTPRoute"))
+    route["spec"]["rules"][0]["backendRefs"][0]["nmae"] = "x"
+    assert any("nmae" in p for p in validate(route))
 
 
 def test_the_vendored_crd_schemas_name_their_source_and_license():
@@ -118,7 +125,7 @@ def test_every_workload_keeps_security_context_probes_and_resources(rendered):
     ],
 )
 def test_a_workload_missing_a_setting_is_reported(rendered, path, expected):
-    deployment = copy.deepcopy(one(rendered["cpu"], "Deployment"))
+    deployment = copy.deepcopy(server(rendered["cpu"]))
     node = deployment["spec"]["template"]["spec"]
     for key in path[:-1]:
         node = node[key]
@@ -129,7 +136,7 @@ def test_a_workload_missing_a_setting_is_reported(rendered, path, expected):
 def test_secrets_are_referenced_never_written(rendered):
     for name, objects in rendered.items():
         assert by_kind(objects, "Secret") == [], name
-        container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        container = server(objects)["spec"]["template"]["spec"]["containers"][0]
         env = {item["name"]: item for item in container["env"]}
         secret_env = {n for n, key in ENV_ALIASES.items() if key in SECRET_KEYS}
         for var in secret_env & env.keys():
@@ -143,7 +150,7 @@ def test_the_guide_creates_the_secret_keys_the_pods_read(rendered):
     command = re.search(r"create secret generic inferflux-secrets((?:.*\\\n)+.*)", guide)
     assert command is not None, "the guide no longer creates inferflux-secrets"
     created = set(re.findall(r"--from-literal=([a-z-]+)=", command.group(1)))
-    container = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = server(rendered["cpu"])["spec"]["template"]["spec"]["containers"][0]
     refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"]
             if "secretKeyRef" in e.get("valueFrom", {})]  # fmt: skip
     assert {ref["key"] for ref in refs if not ref.get("optional")} == created
@@ -157,7 +164,7 @@ def test_the_server_yaml_is_a_valid_inferflux_config(rendered, tmp_path):
     for name in ("cpu", "gpu"):
         config = one(rendered[name], "ConfigMap")["data"]["server.yaml"]
         (tmp_path / "server.yaml").write_text(config)
-        container = one(rendered[name], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        container = server(rendered[name])["spec"]["template"]["spec"]["containers"][0]
         env = {
             e["name"]: e.get("value", "stand-in-secret-value")
             for e in container["env"]
@@ -177,7 +184,7 @@ def test_the_server_yaml_is_a_valid_inferflux_config(rendered, tmp_path):
 
 def test_the_service_monitor_and_network_policy_reach_the_pods(rendered):
     objects = rendered["cpu"]
-    deployment, service = one(objects, "Deployment"), one(objects, "Service")
+    deployment, service = server(objects), one(objects, "Service")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     monitor = one(objects, "ServiceMonitor")
@@ -200,11 +207,8 @@ def test_the_autoscalers_scale_the_deployment_on_the_real_queue_metric(rendered)
     hpa = one(rendered["cpu"], "HorizontalPodAutoscaler")
     scaled = one(rendered["cpu+keda"], "ScaledObject")
     for objects, target in ((rendered["cpu"], hpa), (rendered["cpu+keda"], scaled)):
-        assert (
-            target["spec"]["scaleTargetRef"]["name"]
-            == one(objects, "Deployment")["metadata"]["name"]
-        )
-        assert "replicas" not in one(objects, "Deployment")["spec"], "the autoscaler owns replicas"
+        assert target["spec"]["scaleTargetRef"]["name"] == server(objects)["metadata"]["name"]
+        assert "replicas" not in server(objects)["spec"], "the autoscaler owns replicas"
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == QUEUE_METRIC
     trigger = scaled["spec"]["triggers"][0]
     assert QUEUE_METRIC in trigger["metadata"]["query"]
@@ -222,7 +226,7 @@ def test_the_autoscalers_scale_the_deployment_on_the_real_queue_metric(rendered)
 
 
 def test_the_gpu_overlay_asks_for_a_gpu_and_shares_its_models(rendered):
-    spec = one(rendered["gpu"], "Deployment")["spec"]["template"]["spec"]
+    spec = server(rendered["gpu"])["spec"]["template"]["spec"]
     container = spec["containers"][0]
     assert container["image"] == "inferflux:cuda"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -230,7 +234,7 @@ def test_the_gpu_overlay_asks_for_a_gpu_and_shares_its_models(rendered):
     assert models == {"name": "models", "persistentVolumeClaim": {"claimName": "inferflux-models"}}
     assert one(rendered["gpu"], "PersistentVolumeClaim")["metadata"]["name"] == "inferflux-models"
     assert (
-        one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+        server(rendered["cpu"])["spec"]["template"]["spec"]["containers"][0]["image"]
         == "inferflux:cpu"
     )
 
@@ -256,7 +260,130 @@ def test_the_own_overlay_of_the_guide_replaces_the_bootstrap_digest(tmp_path):
     objects = render(mine)
     configmap = one(objects, "ConfigMap")
     assert digest in configmap["data"]["server.yaml"]
-    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = server(objects)["spec"]["template"]["spec"]["volumes"]
     (config_volume,) = [v for v in volumes if v["name"] == "config"]
     assert config_volume["configMap"]["name"] == configmap["metadata"]["name"]
     assert [p for obj in objects for p in validate(obj) + workload_problems(obj)] == []
+
+
+def _labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def _pod_labels(deployment: Manifest) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_the_cluster_overlay_wires_router_replicas_and_redis(rendered, tmp_path):
+    """overlays/cluster: the router finds the InferFlux pods through the headless Service,
+    both it and the pods use the overlay's Redis, and every URL comes from the Secret."""
+    objects = rendered["cluster"]
+    deployments = {d["metadata"]["name"]: d for d in by_kind(objects, "Deployment")}
+    assert set(deployments) == {"inferflux", "inferflux-router", "inferflux-redis"}
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    replicas = services["inferflux-replicas"]
+    assert replicas["spec"]["clusterIP"] == "None"
+    assert _labels_match(replicas["spec"]["selector"], _pod_labels(deployments["inferflux"]))
+    assert not _labels_match(
+        replicas["spec"]["selector"], _pod_labels(deployments["inferflux-router"])
+    ), "the router must not route to itself"
+    for name in ("inferflux-router", "inferflux-redis"):
+        assert _labels_match(services[name]["spec"]["selector"], _pod_labels(deployments[name]))
+
+    config = {c["metadata"]["name"].rsplit("-", 1)[0]: c for c in by_kind(objects, "ConfigMap")}
+    router_yaml = yaml.safe_load(config["inferflux-router-config"]["data"]["router.yaml"])
+    port = replicas["spec"]["ports"][0]["port"]
+    assert router_yaml["router"]["replica_dns"] == f"inferflux-replicas:{port}"
+    router_env = {"INFERFLUX_ROUTER__REDIS_URL": "redis://:stand-in@inferflux-redis:6379/0"}
+    (tmp_path / "router.yaml").write_text(config["inferflux-router-config"]["data"]["router.yaml"])
+    settings = load_settings(tmp_path / "router.yaml", env=router_env).router
+    assert settings.replica_dns == f"http://inferflux-replicas:{port}" and not settings.replicas
+    assert settings.host == "0.0.0.0" and settings.redis_url is not None
+    server_yaml = yaml.safe_load(config["inferflux-config"]["data"]["server.yaml"])
+    assert settings.shutdown_grace_s >= server_yaml["server"]["shutdown_grace_s"]
+    router = deployments["inferflux-router"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in router["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == config["inferflux-router-config"]["metadata"]["name"]
+    container = router["containers"][0]
+    assert container["args"][0] == "router"
+    assert container["ports"][0]["containerPort"] == router_yaml["router"]["port"]
+
+    def secret_keys(deployment: Manifest) -> dict[str, str]:
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        return {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
+            for e in env
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+
+    assert secret_keys(deployments["inferflux"])["INFERFLUX_REDIS_URL"] == "redis-url"
+    assert secret_keys(deployments["inferflux-router"])["INFERFLUX_ROUTER__REDIS_URL"] == (
+        "redis-url"
+    )
+    assert secret_keys(deployments["inferflux-redis"])["REDIS_PASSWORD"] == "redis-password"
+    redis = deployments["inferflux-redis"]["spec"]["template"]["spec"]["containers"][0]
+    assert "$REDIS_PASSWORD" not in " ".join(redis.get("command", [])), "password in argv"
+    assert "requirepass" in redis["args"][0] and "redis-server -" in redis["args"][0]
+
+
+def test_the_cluster_network_policies_open_only_what_the_overlay_uses(rendered):
+    objects = rendered["cluster"]
+    policies = {p["metadata"]["name"]: p for p in by_kind(objects, "NetworkPolicy")}
+    deployments = {d["metadata"]["name"]: d for d in by_kind(objects, "Deployment")}
+    to_redis = policies["inferflux-to-redis"]["spec"]
+    assert _labels_match(
+        to_redis["podSelector"]["matchLabels"], _pod_labels(deployments["inferflux"])
+    )
+    redis = policies["inferflux-redis"]["spec"]
+    assert redis["egress"] == []
+    allowed = [peer["podSelector"]["matchLabels"] for peer in redis["ingress"][0]["from"]]
+    assert {"app.kubernetes.io/name": "inferflux"} in allowed
+    assert {"app.kubernetes.io/name": "inferflux-router"} in allowed
+    router_egress = policies["inferflux-router"]["spec"]["egress"]
+    reached = {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+        for rule in router_egress
+        for peer in rule.get("to", [])
+    }
+    assert reached == {"inferflux", "inferflux-redis"}
+
+
+def test_the_gateway_overlay_pools_the_server_pods_for_the_endpoint_picker(rendered):
+    """overlays/gateway: the InferencePool selects the server pods on their API port, its
+    EPP exists, reads metrics InferFlux really exports, and the HTTPRoute targets the pool."""
+    objects = rendered["gateway"]
+    pool = one(objects, "InferencePool")
+    deployment = server(objects)
+    assert _labels_match(pool["spec"]["selector"]["matchLabels"], _pod_labels(deployment))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [
+        container["ports"][0]["containerPort"]
+    ]
+    epp_ref = pool["spec"]["endpointPickerRef"]
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    epp_service = services[epp_ref["name"]]
+    assert epp_ref["port"]["number"] in {p["port"] for p in epp_service["spec"]["ports"]}
+    (epp,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == epp_ref["name"]]
+    assert _labels_match(epp_service["spec"]["selector"], _pod_labels(epp))
+    args = dict(
+        a.removeprefix("--").split("=", 1)
+        for a in epp["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert args["pool-name"] == pool["metadata"]["name"]
+    source = inspect.getsource(metrics)
+    for flag in (
+        "total-queued-requests-metric",
+        "total-running-requests-metric",
+        "kv-cache-usage-percentage-metric",
+    ):
+        assert f'"{args[flag]}"' in source, f"{flag}: InferFlux exports no {args[flag]}"
+    (rule,) = one(objects, "HTTPRoute")["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io",
+        "InferencePool",
+        pool["metadata"]["name"],
+    )
+    binding = one(objects, "RoleBinding")
+    assert binding["subjects"][0]["name"] == epp["spec"]["template"]["spec"]["serviceAccountName"]

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import inferflux
 from inferflux.engine.messages import EngineStats, FairnessStats, PrefixCacheStats
+from inferflux.engine.routing import WorkerRouting
 from inferflux.observability.metrics import LATENCY_BUCKETS, STEP_BUCKETS, Metrics
 
 # the product requirements' "Required Prometheus Metrics (OBS-1)" (docs/observability.md)
@@ -45,6 +46,7 @@ class Worker:
     restarts: int = 0
     load_s: float | None = 1.5
     stats: EngineStats = field(default_factory=EngineStats)
+    routing: WorkerRouting | None = None
 
 
 def families(metrics: Metrics) -> dict:
@@ -135,6 +137,20 @@ def test_worker_state_is_summed_over_workers() -> None:
         value(fams, "inferflux_model_load_seconds", worker="1")
 
 
+def test_routing_decisions_are_summed_over_workers_by_strategy_and_outcome() -> None:
+    def routing(decisions: dict[tuple[str, str], int]) -> WorkerRouting:
+        return WorkerRouting(decisions=decisions, affinity_tokens=0, indexed_blocks=0)
+
+    a = Worker(0, routing=routing({("prefix_affinity", "affinity"): 3}))
+    b = Worker(
+        1, routing=routing({("prefix_affinity", "affinity"): 2, ("round_robin", "round_robin"): 1})
+    )
+    fams = families(make([a, b, Worker(2)]))
+    name = "inferflux_routing_decisions_total"
+    assert value(fams, name, strategy="prefix_affinity", outcome="affinity") == 5
+    assert value(fams, name, strategy="round_robin", outcome="round_robin") == 1
+
+
 def test_series_exist_at_zero_before_traffic() -> None:
     fams = families(make())
     for name in (
@@ -162,6 +178,7 @@ def test_labels_stay_bounded() -> None:
     # security: kind (requests/tokens/concurrency), outcome, mode (failure mode), stage
     # (input/output), rule (blocklist, blocklist_regex, pii:<kind>, opa), action
     allowed |= {"kind", "outcome", "stage", "rule", "action"}
+    allowed |= {"strategy"}  # routing decisions (with outcome)
     for fam in families(metrics).values():
         for sample in fam.samples:
             assert set(sample.labels) <= allowed, (sample.name, sample.labels)
