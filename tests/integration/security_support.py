@@ -65,13 +65,14 @@ class ActAsMiddleware:
 
 
 class RedisServer:
-    """`redis-server` on a free loopback port, no persistence; `kill()` for outages."""
+    """`redis-server` on a free loopback port (or `port`: a restart after `kill()`), no
+    persistence; `kill()` for outages (SIGKILL)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: run `make setup`")
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.mkdtemp(prefix="inferflux-redis-")
         self.process = subprocess.Popen(

@@ -36,6 +36,7 @@ from inferflux.api import admin, debug, health, metrics, stats
 from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
+from inferflux.api.config_sync import make_config_sync
 from inferflux.api.drain import DrainMiddleware
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
@@ -164,6 +165,9 @@ def create_app(
         settings, lambda: models.workers() if models else [], model_info, tracer_provider
     )
     access = security or build_security(settings)
+    if telemetry.metrics is not None:
+        replication = access.sync.status if access.sync is not None else None
+        telemetry.metrics.watch_policy(lambda: access.policy.current().version, replication)
     layer = make_security_layer(settings, telemetry.metrics, policy_source or access.policy)
     wrap = _engine_wrapper(telemetry, layer)
     serving = build_serving(
@@ -183,8 +187,10 @@ def create_app(
         ttl_s=responses.ttl_s,
     )
     live = LiveConfig(settings, models)
+    config_sync = make_config_sync(settings.redis, live)
     attach_state(
-        app, AppState(settings, telemetry, access, layer, models, generation, stored, live)
+        app,
+        AppState(settings, telemetry, access, layer, models, generation, stored, live, config_sync),
     )
     install_error_handlers(app)
     _include_routers(app, settings)
@@ -245,17 +251,24 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
-    while the default model loads; stop every model's engine on exit."""
+    while the default model loads, and the policy and live config replication (after
+    one catch-up each); stop every model's engine and the replication on exit."""
     state = app_state(app)
     state.engine_start_error = None
     logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
     starting = asyncio.create_task(_start_engine(state), name="engine-start")
+    # policy and live config replication (redis.url set)
+    syncs = [s for s in (state.security.sync, state.config_sync) if s is not None]
+    for sync in syncs:
+        await sync.start()
     grpc_server = await _start_grpc(app, state)
     try:
         yield
     finally:
         if grpc_server is not None:
             await grpc_server.stop()
+        for sync in syncs:
+            await sync.close()
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting

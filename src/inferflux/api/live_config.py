@@ -65,6 +65,19 @@ class LiveConfig:
             values = self._settings.model_dump(mode="json")
             return {key: _lookup(values, key) for key in patched.changed}
 
+    def live_values(self) -> dict[str, Any]:
+        """Every live key's effective value (dotted key → JSON value): what config
+        replication publishes (api/config_sync.py)."""
+        values = self._settings.model_dump(mode="json")
+        return {key: _lookup(values, key) for key in sorted(LIVE_KEYS)}
+
+    def preview(self, change: Mapping[str, Any]) -> dict[str, Any]:
+        """`live_values()` as they would be after `change`, nothing applied. Raises what
+        `patch` raises."""
+        patched = patch_settings(self._settings, change, batch_limit=self._batch_limit)
+        values = patched.settings.model_dump(mode="json")
+        return {key: _lookup(values, key) for key in sorted(LIVE_KEYS)}
+
 
 def _lookup(values: dict[str, Any], key: str) -> Any:
     for part in key.split("."):

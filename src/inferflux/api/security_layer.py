@@ -32,6 +32,7 @@ from inferflux.security.live_policy import LivePolicy, build_live_policy
 from inferflux.security.oidc import OidcVerifier
 from inferflux.security.policy import Policy, PolicySource, StaticPolicySource
 from inferflux.security.policy_store import PolicyStore
+from inferflux.security.policy_sync import PolicySync, make_policy_sync
 from inferflux.security.policy_witness import FileWitness, RedisWitness, VersionWitness
 from inferflux.security.principal import Scope
 from inferflux.security.rate_limit import (
@@ -60,12 +61,14 @@ CORS_EXPOSED = [
 
 @dataclass(frozen=True, slots=True)
 class SecurityState:
-    """What authentication needs. `policy` changes (admin API); the rest is fixed."""
+    """What authentication needs. `policy` changes (admin API, and other replicas through
+    `sync` when `redis.url` is set: the app's lifespan starts and closes it)."""
 
     policy: LivePolicy
     authenticator: Authenticator
     digester: KeyDigester
     roles: dict[str, frozenset[Scope]]
+    sync: PolicySync | None = None
 
 
 def build_security(
@@ -81,7 +84,9 @@ def build_security(
     policy = build_live_policy(auth, base, digester, roles, store, policy_witnesses(settings))
     oidc = OidcVerifier(auth.oidc) if auth.oidc.issuer is not None else None
     authenticator = Authenticator(policy, digester, roles=roles, oidc=oidc, configured=auth.enabled)
-    return SecurityState(policy=policy, authenticator=authenticator, digester=digester, roles=roles)
+    passphrase = auth.policy_passphrase.get_secret_value() if auth.policy_passphrase else None
+    sync = make_policy_sync(settings.redis, policy, passphrase)
+    return SecurityState(policy, authenticator, digester, roles, sync)
 
 
 def policy_witnesses(settings: Settings) -> list[VersionWitness]:

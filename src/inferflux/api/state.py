@@ -15,6 +15,7 @@ from typing import Annotated, cast
 from fastapi import Depends, FastAPI, Request
 from starlette.types import ASGIApp
 
+from inferflux.api.config_sync import ConfigSync
 from inferflux.api.generation.service import GenerationService
 from inferflux.api.live_config import LiveConfig
 from inferflux.api.response_store import ResponseStore
@@ -43,6 +44,7 @@ class AppState:
     generation: GenerationService
     responses: ResponseStore  # the Responses API's stored responses
     live_config: LiveConfig  # GET/PATCH /v1/admin/config
+    config_sync: ConfigSync | None = None  # live config replication (redis.url set)
     engine_start_error: str | None = None
     request_shutdown: Callable[[], None] | None = None
     draining: Callable[[], bool] | None = None

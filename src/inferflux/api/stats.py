@@ -8,6 +8,7 @@ every engine step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import msgspec
@@ -15,7 +16,8 @@ from fastapi import APIRouter
 
 from inferflux import __version__
 from inferflux.api.openai.models import model_card
-from inferflux.api.state import ModelsDep, StateDep, TelemetryDep
+from inferflux.api.security_layer import SecurityState
+from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -78,6 +80,22 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
     return {**total, "hit_rate": round(total["hits"] / lookups, 4) if lookups else 0.0}
 
 
+def policy_stats(security: SecurityState) -> dict[str, object]:
+    """The policy version this replica runs, and its replication's state (None without
+    `redis.url`): Redis reachable, when the version was applied, the last lag."""
+    sync = security.sync
+    return {
+        "version": security.policy.current().version,
+        "replication": dataclasses.asdict(sync.status()) if sync is not None else None,
+    }
+
+
+def config_replication(state: AppState) -> dict[str, object] | None:
+    """The live config's replication state (None without `redis.url`)."""
+    sync = state.config_sync
+    return dataclasses.asdict(sync.status()) if sync is not None else None
+
+
 @router.get("/server/stats")
 async def server_stats(
     telemetry: TelemetryDep, models: ModelsDep, state: StateDep
@@ -85,7 +103,8 @@ async def server_stats(
     """Uptime, the default model, queue depth per priority, active batches, per-worker
     status and load, cache statistics and token throughput (of the default model's
     workers), routing (strategy and decisions), token throughput over the last 10 s and
-    minute, and every model's state."""
+    minute, every model's state, the policy version (with its replication across
+    replicas) and the live config's replication."""
     serving = models.default_serving()
     statuses = serving.engine.workers()
     throughput = {}
@@ -124,4 +143,6 @@ async def server_stats(
             }
             for v in models.models()
         ],  # fmt: skip
+        "policy": policy_stats(state.security),
+        "config_replication": config_replication(state),
     }

@@ -237,7 +237,8 @@ class AuthSettings(_Section):
     )
     policy_passphrase: SecretStr | None = Field(
         None,
-        description="Passphrase of the policy store. Environment only "
+        description="Passphrase of the policy store, and of the policy snapshots that "
+        "policy replication keeps in Redis (the same on every replica). Environment only "
         "(INFERFLUX_POLICY_PASSPHRASE); refused in a config file.",
     )
     policy_accept_rollback: bool = Field(

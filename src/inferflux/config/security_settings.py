@@ -22,7 +22,8 @@ class _Section(BaseModel):
 class RedisSettings(_Section):
     url: SecretStr | None = Field(
         None,
-        description="Redis for state shared across replicas (rate-limit counters), e.g. "
+        description="Redis for state shared across replicas (rate-limit counters, policy "
+        "replication), e.g. "
         "`redis://127.0.0.1:6379/0` or `rediss://:password@host:6380/0`. Unset: every "
         "replica keeps its state in memory.",
     )
@@ -39,6 +40,35 @@ class RedisSettings(_Section):
         le=600,
         description="After a Redis failure, requests skip Redis for this long before "
         "trying it again (so an outage costs one timeout, not one per request).",
+    )
+    policy_sync: bool = Field(
+        True,
+        description="With url set: replicate admin policy changes (keys, tenants, limits, "
+        "tiers, guardrails) to every replica that shares this Redis and namespace, in "
+        "version order. Off: each replica keeps its own policy.",
+    )
+    policy_sync_interval_s: float = Field(
+        2.0,
+        ge=0.1,
+        le=300,
+        description="How often each replica checks the policy version in Redis, as a "
+        "backstop to pub/sub (catch-up after a Redis restart or a dropped subscription), "
+        "and how long it waits before reconnecting after a failure.",
+    )
+    config_sync: bool = Field(
+        True,
+        description="With url set: replicate live config changes (PATCH /v1/admin/config) "
+        "to every replica that shares this Redis and namespace; a replica that starts "
+        "takes the cluster's live values. Off: each replica keeps its own.",
+    )
+    policy_namespace: str = Field(
+        "inferflux:policy",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9:._-]+$",
+        description="Prefix of the policy replication keys and channel in Redis (the live "
+        "config's are under `<prefix>:config`): replicas that act as one service share "
+        "it; another cluster on the same Redis uses another.",
     )
 
     @field_validator("url")

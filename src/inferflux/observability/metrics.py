@@ -367,6 +367,13 @@ class Metrics:
         for stage in ("input", "output"):
             self.guardrail_verdict.labels(stage=stage)
 
+    def watch_policy(
+        self, version: Callable[[], int], replication: Callable[[], ReplicationView] | None
+    ) -> None:
+        """Export the running policy version, and with policy replication (`replication`
+        not None) whether Redis answers and the last replicated change's lag."""
+        self.registry.register(PolicyCollector(version, replication))
+
     # -- the exporter's verbs -------------------------------------------------------------
     def observe_request(self, route: str, status: int, latency_s: float) -> None:
         labels = (self.model, route, str(status))
@@ -387,6 +394,50 @@ class Metrics:
             self.prefill_duration.labels(priority).observe(prefill_s)
         if decode_s is not None:
             self.decode_duration.labels(priority).observe(decode_s)
+
+
+class ReplicationView(Protocol):
+    """What the collector reads of policy replication (security `PolicySyncStatus`)."""
+
+    @property
+    def redis_up(self) -> bool: ...
+    @property
+    def lag_s(self) -> float | None: ...
+
+
+class PolicyCollector(Collector):
+    """`inferflux_policy_version`, and with replication `inferflux_policy_sync_redis_up`
+    and `inferflux_policy_replication_lag_seconds`, read at scrape time."""
+
+    def __init__(
+        self, version: Callable[[], int], replication: Callable[[], ReplicationView] | None
+    ) -> None:
+        self._version = version
+        self._replication = replication
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(
+            "inferflux_policy_version",
+            "Version of the security policy this replica runs (keys, tenants, limits, "
+            "guardrails); replicas that share a Redis converge on one version",
+            self._version(),
+        )
+        if self._replication is None:
+            return
+        status = self._replication()
+        yield _gauge(
+            "inferflux_policy_sync_redis_up",
+            "1 while policy replication reaches Redis (0: serving the policy held, admin "
+            "changes refused)",
+            1.0 if status.redis_up else 0.0,
+        )
+        if status.lag_s is not None:
+            yield _gauge(
+                "inferflux_policy_replication_lag_seconds",
+                "From another replica's publish (Redis clock) to apply here, of the last "
+                "replicated policy change this replica applied",
+                status.lag_s,
+            )
 
 
 class WorkerCollector(Collector):

@@ -14,6 +14,15 @@ How config and store combine (docs/security.md "Policy store"):
 Every admin change goes through `update`: one at a time (an asyncio lock), the new policy
 is written to the store first, and only once that succeeded replaces the snapshot that
 `current()` hands out. Readers take `current()` per decision and never see half a change.
+
+Replicated (a `PolicyPublisher` attached: security/policy_sync.py, with `redis.url`), the
+commit point is Redis instead: `update` publishes the changed policy as the next version
+only if the cluster is still at the version it was made from; when another replica got
+there first, it installs the newer snapshot and runs the change again on it (at most
+`MAX_ATTEMPTS` times). Once published, the change is written to this replica's store (a
+failure is logged: the cluster has the change, and a restart catches up from Redis) and
+swapped in. `apply` installs a snapshot that another replica published, only when its
+version is newer than the one held.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from inferflux.config.auth_settings import ApiKeySettings, AuthSettings, TenantSettings
 from inferflux.errors import ConfigError, PolicyStoreError, PolicyUnavailable
@@ -41,6 +51,20 @@ from inferflux.security.principal import Scope
 logger = logging.getLogger(__name__)
 
 
+MAX_ATTEMPTS = 5  # a replicated change rebased on newer snapshots at most this often
+
+
+class PolicyPublisher(Protocol):
+    """Where a replicated change is committed (security/policy_sync.py)."""
+
+    async def publish(self, policy: Policy, base_version: int) -> Policy | None:
+        """Make `policy` the cluster's version `policy.version` if the cluster holds no
+        version above `base_version`. None when published; else the cluster's newer
+        policy (the caller rebases on it). Raises PolicyUnavailable (Redis unreachable:
+        nothing was published)."""
+        ...
+
+
 class LivePolicy:
     """The current policy: stored part (changed by the admin API) + config keys."""
 
@@ -53,6 +77,7 @@ class LivePolicy:
         self._store = store
         self._current = self._merged(stored)
         self._lock = asyncio.Lock()
+        self._publisher: PolicyPublisher | None = None
 
     @property
     def persistent(self) -> bool:
@@ -62,27 +87,83 @@ class LivePolicy:
     def current(self) -> Policy:
         return self._current
 
+    def stored(self) -> Policy:
+        """The stored part alone (what is persisted and replicated: no config keys)."""
+        return self._stored
+
     def is_config_key(self, key_id: str) -> bool:
         return key_id in self._config_ids
 
+    def attach(self, publisher: PolicyPublisher) -> None:
+        """Commit every later change through `publisher` (replication) first."""
+        self._publisher = publisher
+
     async def update(self, change: Callable[[Policy], Policy]) -> Policy:
-        """Apply `change` to the stored policy, persist it, then publish it. `change` may
-        raise (an InferfluxError for a bad request): nothing changes then. Raises
-        PolicyUnavailable (503) when the store cannot be written; nothing changes then."""
+        """Apply `change` to the stored policy, persist (and publish) it, then swap it in.
+        `change` may raise (an InferfluxError for a bad request): nothing changes then.
+        Raises PolicyUnavailable (503) when the store cannot be written, or, replicated,
+        when Redis cannot be reached; nothing changes then."""
         async with self._lock:
-            changed = change(self._stored)
-            changed = replace(changed, version=self._stored.version + 1)
-            if self._store is not None:
-                try:
-                    await asyncio.to_thread(self._store.save, changed)
-                except PolicyStoreError as exc:
-                    logger.error("policy change not applied: %s", exc.message)
-                    raise PolicyUnavailable(
-                        "the policy store could not be written; the change was not applied"
-                    ) from None
-            self._stored = changed
-            self._current = self._merged(changed)
-            return self._current
+            for _ in range(MAX_ATTEMPTS):
+                base = self._stored
+                changed = replace(change(base), version=base.version + 1)
+                if self._publisher is None:
+                    await self._persist(changed)
+                    self._install(changed)
+                    return self._current
+                newer = await self._publisher.publish(changed, base.version)
+                if newer is None:
+                    await self._persist_replicated(changed)
+                    self._install(changed)
+                    return self._current
+                logger.info(
+                    "policy change from version %d rebased on version %d (another "
+                    "replica changed the policy first)", base.version, newer.version,
+                )  # fmt: skip
+                await self._persist_replicated(newer)
+                self._install(newer)
+            raise PolicyUnavailable(
+                "other policy changes kept landing first; the change was not applied, retry"
+            )
+
+    async def apply(self, policy: Policy) -> bool:
+        """Install a replicated snapshot when it is newer than the one held (written to
+        the store first, when there is one). False when it is not newer: never an older
+        version over a newer one."""
+        async with self._lock:
+            if policy.version <= self._stored.version:
+                return False
+            await self._persist_replicated(policy)
+            self._install(policy)
+            return True
+
+    async def _persist(self, policy: Policy) -> None:
+        if self._store is None:
+            return
+        try:
+            await asyncio.to_thread(self._store.save, policy)
+        except PolicyStoreError as exc:
+            logger.error("policy change not applied: %s", exc.message)
+            raise PolicyUnavailable(
+                "the policy store could not be written; the change was not applied"
+            ) from None
+
+    async def _persist_replicated(self, policy: Policy) -> None:
+        """Write a committed (published) version to the store; a failure is logged, not
+        raised: the version is in Redis, and this replica catches up from there again."""
+        if self._store is None:
+            return
+        try:
+            await asyncio.to_thread(self._store.save_if_newer, policy)
+        except PolicyStoreError as exc:
+            logger.error(
+                "policy version %d applied but not written to the store: %s",
+                policy.version, exc.message,
+            )  # fmt: skip
+
+    def _install(self, stored: Policy) -> None:
+        self._stored = stored
+        self._current = self._merged(stored)
 
     def _merged(self, stored: Policy) -> Policy:
         return replace(stored, keys=(*stored.keys, *self._config_keys))

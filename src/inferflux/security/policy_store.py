@@ -33,6 +33,7 @@ other witness, it never blocks a start.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -148,6 +149,46 @@ class PolicyStore:
         except OSError as exc:
             raise self._error(f"cannot be written ({exc.strerror})") from None
         self._record(policy.version)
+
+    def save_if_newer(self, policy: Policy) -> bool:
+        """`save` unless the file already holds `policy.version` or a later one (policy
+        replication: replicas that share one store file each write every version they
+        apply, in any order). Holds an exclusive lock on `<store>.lock` while it reads
+        and writes, so two processes never interleave. Raises PolicyStoreError."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._error(f"lock {lock_path} cannot be opened ({exc.strerror})") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.exists() and self._file_version() >= policy.version:
+                return False
+            self.save(policy)
+            return True
+        finally:
+            os.close(lock)  # releases the lock
+
+    def _file_version(self) -> int:
+        """The version the file holds now (decrypted; no rollback check)."""
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise self._error(f"cannot be read ({exc.strerror})") from None
+        if len(data) < HEADER_BYTES + _TAG_BYTES:
+            raise self._error("is truncated (shorter than its header)")
+        _, _, log2_n, _, _, salt, nonce = _HEADER.unpack_from(data)
+        if log2_n not in _LOG2_N_RANGE:
+            raise self._error("has a damaged header (scrypt parameters out of range)")
+        if salt != self._salt or self._key is None:
+            key = _derive(self._passphrase, salt, log2_n)
+            self._salt, self._key, self._log2_n = salt, key, log2_n
+        try:
+            plaintext = AESGCM(self._key).decrypt(nonce, data[HEADER_BYTES:], data[:HEADER_BYTES])
+            return msgspec.json.decode(plaintext, type=_Document).policy.version
+        except (InvalidTag, msgspec.DecodeError):
+            raise self._error("cannot be decrypted or decoded (changed by someone else?)") from None
 
     def _check_version(self, version: int) -> None:
         """Refuse a rollback (module docstring); record `version` otherwise."""

@@ -2,7 +2,9 @@
 
 GET shows the effective settings (secrets masked) and which keys PATCH may change. PATCH
 takes a partial body nested like the config file; `api/live_config.py` validates it with
-the config schema and applies it. A key that needs a restart is a 409
+the config schema and applies it (with `redis.url` set, through `api/config_sync.py`, which
+publishes it to every replica first: 503 while Redis is unreachable). A key that needs a
+restart is a 409
 `restart_required`, an unknown key or a bad value a 400, and nothing changes then. Each
 applied change is logged and audited with its actor.
 """
@@ -37,7 +39,8 @@ async def get_config(state: StateDep) -> dict[str, Any]:
 @router.patch("/config")
 async def patch_config(request: Request, body: ConfigPatchBody, state: StateDep) -> dict[str, Any]:
     """Change live settings without a restart: the answer is GET's plus `changed`."""
-    changed = await state.live_config.patch(body.root)
+    patcher = state.config_sync or state.live_config  # replicated when redis.url is set
+    changed = await patcher.patch(body.root)
     if changed:
         record_change(request, f"config.update:{','.join(changed)}", {"values": changed})
     return {**state.live_config.view(), "changed": sorted(changed)}
