@@ -49,6 +49,7 @@ from inferflux.api.middleware import (
     RequestIdMiddleware,
     TrailingSlashMiddleware,
 )
+from inferflux.api.model_sync import make_model_sync
 from inferflux.api.native import chat as native_chat
 from inferflux.api.native import embeddings as native_embeddings
 from inferflux.api.native import generate as native_generate
@@ -187,11 +188,10 @@ def create_app(
         ttl_s=responses.ttl_s,
     )
     live = LiveConfig(settings, models)
-    config_sync = make_config_sync(settings.redis, live)
-    attach_state(
-        app,
-        AppState(settings, telemetry, access, layer, models, generation, stored, live, config_sync),
-    )
+    state = AppState(settings, telemetry, access, layer, models, generation, stored, live)
+    state.config_sync = make_config_sync(settings.redis, live)
+    state.model_sync = make_model_sync(settings.redis, models, models.models)
+    attach_state(app, state)
     install_error_handlers(app)
     _include_routers(app, settings)
     install_openapi(app, event_models=[NativeStreamEvent])
@@ -252,7 +252,8 @@ def _include_routers(app: FastAPI, settings: Settings) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the engines in the background so /livez answers (and /readyz says 503)
     while the default model loads, and the policy and live config replication (after
-    one catch-up each); stop every model's engine and the replication on exit."""
+    one catch-up each; the models' once the default model serves); stop every model's
+    engine and the replication on exit."""
     state = app_state(app)
     state.engine_start_error = None
     logger.info("starting the engine for %s", state.models.default_serving().model_info.model_id)
@@ -272,6 +273,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting
+        if state.model_sync is not None:
+            await state.model_sync.close()
         await state.models.shutdown()
         await state.security_layer.aclose()
         state.telemetry.shutdown()
@@ -322,3 +325,5 @@ async def _start_engine(state: AppState) -> None:
         serving.model_info.n_ctx,
         "fallback" if serving.chat_template.is_fallback else "the model's",
     )
+    if state.model_sync is not None:  # after the start: it may load the cluster's models
+        await state.model_sync.start()

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 from inferflux.api.config_sync import ConfigSync
 from inferflux.api.generation.service import GenerationService
 from inferflux.api.live_config import LiveConfig
+from inferflux.api.model_sync import ModelSync
 from inferflux.api.response_store import ResponseStore
 from inferflux.api.security_layer import SecurityLayer, SecurityState
 from inferflux.api.telemetry import Telemetry
@@ -45,6 +46,7 @@ class AppState:
     responses: ResponseStore  # the Responses API's stored responses
     live_config: LiveConfig  # GET/PATCH /v1/admin/config
     config_sync: ConfigSync | None = None  # live config replication (redis.url set)
+    model_sync: ModelSync | None = None  # admin-loaded models' replication (redis.url set)
     engine_start_error: str | None = None
     request_shutdown: Callable[[], None] | None = None
     draining: Callable[[], bool] | None = None

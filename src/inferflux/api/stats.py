@@ -15,6 +15,7 @@ import msgspec
 from fastapi import APIRouter
 
 from inferflux import __version__
+from inferflux.api.model_sync import replication_json
 from inferflux.api.openai.models import model_card
 from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
@@ -90,6 +91,13 @@ def policy_stats(security: SecurityState) -> dict[str, object]:
     }
 
 
+def model_replication(state: AppState) -> dict[str, object] | None:
+    """The admin-loaded models' replication state and the models that failed to load
+    here (None without `redis.url`)."""
+    sync = state.model_sync
+    return replication_json(sync.status()) if sync is not None else None
+
+
 def config_replication(state: AppState) -> dict[str, object] | None:
     """The live config's replication state (None without `redis.url`)."""
     sync = state.config_sync
@@ -145,4 +153,5 @@ async def server_stats(
         ],  # fmt: skip
         "policy": policy_stats(state.security),
         "config_replication": config_replication(state),
+        "model_replication": model_replication(state),
     }

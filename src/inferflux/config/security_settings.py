@@ -61,6 +61,14 @@ class RedisSettings(_Section):
         "to every replica that shares this Redis and namespace; a replica that starts "
         "takes the cluster's live values. Off: each replica keeps its own.",
     )
+    model_sync: bool = Field(
+        True,
+        description="With url set: replicate the models loaded, unloaded, swapped or made "
+        "the default through POST /v1/admin/models to every replica that shares this Redis "
+        "and namespace (each loads the same entries; an hf:// path downloads there). A "
+        "replica that cannot load one keeps serving and lists it in /server/stats "
+        "(model_replication.failed). Off: each replica keeps its own models.",
+    )
     policy_namespace: str = Field(
         "inferflux:policy",
         min_length=1,

@@ -168,7 +168,7 @@ class DocumentSync:
         """Catch up with the cluster once (bounded by the Redis timeout: a Redis that is
         down only delays replication, never the start), then follow it in a task."""
         try:
-            await self._call(self._catch_up())
+            await self._catch_up()
         except REDIS_ERRORS as exc:
             self._on_failure(exc)
         self._task = asyncio.create_task(self._run(), name=f"{document_label(self._document)}-sync")
@@ -235,7 +235,7 @@ class DocumentSync:
         """Subscribe, catch up, then apply each announced version, checking the version
         key every interval as well. Returns only by raising (a Redis error)."""
         await self._call(pubsub.subscribe(self._keys.channel))
-        await self._call(self._catch_up())
+        await self._catch_up()
         self._on_success()
         next_check = time.monotonic() + self._interval_s
         while True:
@@ -243,15 +243,16 @@ class DocumentSync:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait_s)
             announced = _announced(message)
             if announced is not None and announced > self._document.held_version():
-                await self._call(self._pull(caught_up=False))
+                await self._pull(caught_up=False)
             if time.monotonic() >= next_check:
-                await self._call(self._catch_up())
+                await self._catch_up()
                 next_check = time.monotonic() + self._interval_s
 
     async def _catch_up(self) -> None:
         """Compare the cluster's version with ours: pull a newer one, or publish ours
-        again when Redis holds an older one (it lost its data)."""
-        raw = await self._client.get(self._keys.version)
+        again when Redis holds an older one (it lost its data). Each Redis call is bounded;
+        applying a snapshot is not (loading a model takes seconds)."""
+        raw = await self._call(self._client.get(self._keys.version))
         cluster = int(raw) if raw is not None else 0
         held = self._document.held_version()
         if cluster > held:
@@ -263,7 +264,7 @@ class DocumentSync:
         keys = [self._keys.version, self._keys.snapshot, self._keys.published_at]
         blob = self._document.sealed()
         args: list[bytes | str | int] = [held, held, blob, self._keys.channel]
-        published, _ = await self._publish(keys=keys, args=args)
+        published, _ = await self._call(self._publish(keys=keys, args=args))
         if published:
             logger.warning(
                 "%s replication: Redis held version %d, below this replica's %d (Redis "
@@ -275,7 +276,7 @@ class DocumentSync:
         """Apply the cluster's snapshot when it is newer than ours; a snapshot the
         document refuses is counted and logged once per version."""
         keys = (self._keys.version, self._keys.snapshot, self._keys.published_at)
-        raw_version, blob, published_us = await self._client.mget(keys)
+        raw_version, blob, published_us = await self._call(self._client.mget(keys))
         if raw_version is None or blob is None:
             return
         version = int(raw_version)

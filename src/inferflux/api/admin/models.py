@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from inferflux.api.deps import json_body
 from inferflux.api.errors import invalid_request_from
 from inferflux.api.openapi import error_doc
-from inferflux.api.state import LifecycleDep, ModelsDep
+from inferflux.api.state import LifecycleDep, ModelsDep, StateDep
 from inferflux.config.manifest import ManifestEntry
 from inferflux.errors import InvalidRequest
 from inferflux.models.protocol import LifecycleResult, ModelLifecycle, ModelView
@@ -127,11 +127,18 @@ async def _apply(models: ModelLifecycle, body: AdminModelRequest) -> LifecycleRe
     },
 )
 async def manage_model(
-    models: ModelsDep, lifecycle: LifecycleDep, body: AdminModelBody
+    models: ModelsDep, lifecycle: LifecycleDep, state: StateDep, body: AdminModelBody
 ) -> dict[str, object]:
-    """Load, unload, swap or set the default model; answers once the change is made."""
+    """Load, unload, swap or set the default model; answers once the change is made (and,
+    with `redis.url`, published to the other replicas: api/model_sync.py)."""
+    sync = state.model_sync
+    if sync is None:
+        change = _apply(lifecycle, body)
+    else:
+        loads = body.action in ("load", "swap") and body.path is not None
+        change = sync.run(lambda: _apply(lifecycle, body), body.entry() if loads else None)
     # NOTE: shielded: an admin client that gives up does not undo a half-done swap.
-    result = await asyncio.shield(_apply(lifecycle, body))
+    result = await asyncio.shield(change)
     return {
         "action": result.action,
         "id": result.model_id,
