@@ -1,5 +1,6 @@
 """`DocumentSync`: one versioned document replicated across replicas through Redis (the
-security policy: security/policy_sync.py; the live config: api/config_sync.py).
+security policy: security/policy_sync.py; the live config: api/config_sync.py; the
+models loaded through the admin API: api/model_sync.py).
 
 Keys, under a namespace (`<ns>` below):
 - `<ns>:version`: the cluster's version of the document, an integer that only rises;

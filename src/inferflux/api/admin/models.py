@@ -9,7 +9,8 @@ background (GET shows it as `retiring` until its workers are gone).
 
 Errors: 400 a malformed body, 404 an unknown id, 409 a conflicting state (unloading the
 default, loading an id that exists), 422 a file or signature that does not verify, 500
-a file llama.cpp refuses, 503 no room (every resident model busy).
+a file llama.cpp refuses, 503 no room (every resident model busy) or, with `redis.url`,
+model replication unavailable (api/model_sync.py publishes each change to the replicas).
 """
 
 from __future__ import annotations
