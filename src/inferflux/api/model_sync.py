@@ -163,20 +163,25 @@ class ModelsDocument:
         self.version = 0
         self.entries: dict[str, Fields] = {}  # admin-loaded models: their entries
         self.failed: dict[str, str] = {}  # model id → why the last applied version failed
+        self.last = ModelsSnapshot()  # the version held, as applied or published
         self.lock = asyncio.Lock()
 
     def held_version(self) -> int:
         return self.version
 
     def snapshot(self) -> ModelsSnapshot:
-        """This replica's admin models now (entries of models no longer registered are
-        dropped)."""
+        """This replica's admin models now: entries of models no longer registered are
+        dropped, except those that failed to load here (the cluster still holds them as
+        the version applied did: a change published here must not drop them)."""
         here = here_of(self.views())
-        self.entries = {i: e for i, e in self.entries.items() if i in here.sources}
-        return ModelsSnapshot(dict(self.entries), here.resident & set(self.entries), here.default)
+        self.failed = {i: why for i, why in self.failed.items() if i not in here.sources}
+        kept = set(here.sources) | set(self.failed)
+        self.entries = {i: e for i, e in self.entries.items() if i in kept}
+        loaded = here.resident | (set(self.failed) & self.last.loaded)
+        return ModelsSnapshot(dict(self.entries), loaded & set(self.entries), here.default)
 
     def sealed(self) -> bytes:
-        return encode(self.snapshot(), self.version)
+        return encode(self.last, self.version)
 
     async def apply(self, blob: bytes, version: int) -> bool:
         async with self.lock:
@@ -199,6 +204,7 @@ class ModelsDocument:
                 )  # fmt: skip
         self.entries = dict(wanted.entries)
         self.failed = failed
+        self.last = wanted
         self.version = version
         return True
 
@@ -242,6 +248,8 @@ class ModelSync:
                     return result
                 if newer.blob is None:
                     break
+                if entry is not None:  # not forgotten by the newer version: made again
+                    document.entries.pop(entry.id, None)
                 try:
                     await document.install(newer.blob, newer.version)
                 except SnapshotError:
@@ -253,8 +261,9 @@ class ModelSync:
 
     async def _publish(self, base: int) -> Newer | None:
         document = self._document
+        snapshot = document.snapshot()
         try:
-            newer = await self._sync.publish(encode(document.snapshot(), base + 1), base, base + 1)
+            newer = await self._sync.publish(encode(snapshot, base + 1), base, base + 1)
         except REDIS_ERRORS:
             raise ServiceUnavailable(
                 "model replication unavailable (Redis cannot be reached): the change was "
@@ -262,7 +271,7 @@ class ModelSync:
             ) from None
         if newer is None:
             document.version = base + 1
-            document.failed = {}
+            document.last = snapshot
         return newer
 
 

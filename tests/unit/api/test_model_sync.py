@@ -14,15 +14,16 @@ from inferflux.api.model_sync import (
     Here,
     ModelsDocument,
     ModelsSnapshot,
+    ModelSync,
     Step,
     decode,
     encode,
     plan,
 )
 from inferflux.config.manifest import ManifestEntry
-from inferflux.errors import ModelLoadError
+from inferflux.errors import ModelLoadError, ServiceUnavailable
 from inferflux.models.protocol import LifecycleResult, ModelView
-from inferflux.security.replication import SnapshotError
+from inferflux.security.replication import Newer, SnapshotError, SyncStatus
 
 SHA = "ab" * 32
 
@@ -154,3 +155,61 @@ def test_an_older_version_never_applies_and_removed_models_are_forgotten():
     assert asyncio.run(document.apply(encode(ModelsSnapshot(default="base"), 6), 6))
     assert "m" not in lifecycle.sources
     assert decode(document.sealed(), 6) == ModelsSnapshot({}, frozenset(), "base")
+
+
+def test_a_change_published_here_keeps_the_models_that_failed_here():
+    lifecycle = FakeLifecycle(missing={"only-a"})
+    document = _document(lifecycle)
+    wanted = ModelsSnapshot({"only-a": _entry("only-a")}, frozenset({"only-a"}), "base")
+    asyncio.run(document.apply(encode(wanted, 1), 1))
+    lifecycle.sources["mine"] = "admin"
+    lifecycle.resident.add("mine")
+    document.entries["mine"] = _entry("mine")
+    assert document.snapshot() == ModelsSnapshot(
+        {"only-a": _entry("only-a"), "mine": _entry("mine")}, frozenset({"only-a", "mine"}), "base"
+    )
+
+
+@dataclass
+class FakeDocumentSync:
+    """`DocumentSync.publish` as compare and set over one held version and blob."""
+
+    version: int = 0
+    blob: bytes | None = None
+    redis_up: bool = True
+
+    def status(self) -> SyncStatus:
+        return SyncStatus(self.version, self.redis_up, None, None, 0, 0, 0)
+
+    async def publish(self, blob: bytes, base_version: int, version: int) -> Newer | None:
+        if self.version > base_version:
+            return Newer(self.version, self.blob)
+        self.version, self.blob = version, blob
+        return None
+
+
+def _run_load(sync: ModelSync, lifecycle: FakeLifecycle, model_id: str) -> LifecycleResult:
+    entry = ManifestEntry.model_validate(_entry(model_id))
+    return asyncio.run(sync.run(lambda: lifecycle.load(entry), entry))
+
+
+def test_a_change_is_made_then_published_and_rebased_on_a_newer_version():
+    lifecycle = FakeLifecycle()
+    document = _document(lifecycle)
+    other = ModelsSnapshot({"theirs": _entry("theirs")}, frozenset({"theirs"}), "base")
+    cluster = FakeDocumentSync(version=1, blob=encode(other, 1))
+    sync = ModelSync(document, cluster)  # type: ignore[arg-type]
+    assert _run_load(sync, lifecycle, "mine").model_id == "mine"
+    assert cluster.version == document.version == 2
+    published = decode(cluster.blob or b"", 2)
+    assert set(published.entries) == {"theirs", "mine"}
+    assert published.loaded == {"theirs", "mine"}
+    assert ("forget", "mine") not in lifecycle.calls  # the rebase kept the change
+
+
+def test_a_change_is_refused_while_redis_is_down():
+    lifecycle = FakeLifecycle()
+    sync = ModelSync(_document(lifecycle), FakeDocumentSync(redis_up=False))  # type: ignore[arg-type]
+    with pytest.raises(ServiceUnavailable, match="Redis cannot be reached"):
+        _run_load(sync, lifecycle, "mine")
+    assert lifecycle.calls == []
