@@ -127,3 +127,6 @@ def test_a_model_only_one_replica_has_fails_on_the_other_which_keeps_serving(
     time.sleep(2.5)  # two periodic checks: the version is not refused, nothing reloads
     assert _stats(b)["version"] == version
     assert _stats(b)["rejected"] == 0
+    metrics = httpx.get(f"{b}/metrics", timeout=30).text
+    assert f"inferflux_model_replication_version {float(version)}" in metrics
+    assert "inferflux_model_replication_failed 1.0" in metrics

@@ -190,7 +190,9 @@ def create_app(
     live = LiveConfig(settings, models)
     state = AppState(settings, telemetry, access, layer, models, generation, stored, live)
     state.config_sync = make_config_sync(settings.redis, live)
-    state.model_sync = make_model_sync(settings.redis, models, models.models)
+    state.model_sync = sync = make_model_sync(settings.redis, models, models.models)
+    if telemetry.metrics is not None and sync is not None:
+        telemetry.metrics.watch_model_replication(sync.version, sync.num_failed)
     attach_state(app, state)
     install_error_handlers(app)
     _include_routers(app, settings)

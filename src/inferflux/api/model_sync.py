@@ -220,6 +220,12 @@ class ModelSync:
     def status(self) -> ModelReplicationStatus:
         return ModelReplicationStatus(self._sync.status(), dict(self._document.failed))
 
+    def version(self) -> int:
+        return self._document.version
+
+    def num_failed(self) -> int:
+        return len(self._document.failed)
+
     async def start(self) -> None:
         await self._sync.start()
 

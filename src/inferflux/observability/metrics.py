@@ -374,6 +374,13 @@ class Metrics:
         not None) whether Redis answers and the last replicated change's lag."""
         self.registry.register(PolicyCollector(version, replication))
 
+    def watch_model_replication(
+        self, version: Callable[[], int], failed: Callable[[], int]
+    ) -> None:
+        """Export the admin-loaded models' replicated version and how many of its models
+        failed to load here (api/model_sync.py)."""
+        self.registry.register(ModelReplicationCollector(version, failed))
+
     # -- the exporter's verbs -------------------------------------------------------------
     def observe_request(self, route: str, status: int, latency_s: float) -> None:
         labels = (self.model, route, str(status))
@@ -438,6 +445,29 @@ class PolicyCollector(Collector):
                 "replicated policy change this replica applied",
                 status.lag_s,
             )
+
+
+class ModelReplicationCollector(Collector):
+    """`inferflux_model_replication_version` and `inferflux_model_replication_failed`,
+    read at scrape time."""
+
+    def __init__(self, version: Callable[[], int], failed: Callable[[], int]) -> None:
+        self._version = version
+        self._failed = failed
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(
+            "inferflux_model_replication_version",
+            "Version of the admin-loaded models this replica applied; replicas that share "
+            "a Redis converge on one version",
+            self._version(),
+        )
+        yield _gauge(
+            "inferflux_model_replication_failed",
+            "Models of that version this replica could not load (see /server/stats "
+            "model_replication.failed)",
+            self._failed(),
+        )
 
 
 class WorkerCollector(Collector):
