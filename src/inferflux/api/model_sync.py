@@ -202,6 +202,11 @@ class ModelsDocument:
                     "models version %d: %s %s failed here: %s",
                     version, step.action, step.model_id, exc.message,
                 )  # fmt: skip
+            except Exception as exc:  # a bug: recorded, and the version still counts (no loop)
+                failed[step.model_id] = f"{type(exc).__name__}: {exc}"
+                logger.exception(
+                    "models version %d: %s %s failed here", version, step.action, step.model_id
+                )
         self.entries = dict(wanted.entries)
         self.failed = failed
         self.last = wanted
