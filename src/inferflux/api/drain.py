@@ -33,7 +33,7 @@ _ALWAYS_SERVED = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 _POLL_S = 0.02
 CUT_FLUSH_S = 0.25  # after the cut: time for the cut streams to send their last frames
 # The last part of the grace is for stopping: uvicorn (0.2 s), the workers (up to 1 s,
-# engine/client.py SHUTDOWN_JOIN_S) and the interpreter's own exit (0.5 s here). The cut
+# engine/worker_pool.py SHUTDOWN_JOIN_S) and the interpreter's own exit (0.5 s here). The cut
 # comes this long before server.shutdown_grace_s ends (at most half of it).
 STOP_RESERVE_S = 1.5
 REFUSED = "the server is shutting down; retry on another replica"

@@ -1,21 +1,21 @@
 """`WorkerPoolClient`: the API process's `EngineClient` over worker processes (or threads).
 
-Owns: spawning workers, sending each request to the ready worker its router picks
-(`scheduler.routing`, engine/routing.py), one receive loop that dispatches every
-`StepOutputs` delta to its request's asyncio.Queue, a watchdog that notices a dead worker
-within `_WATCHDOG_S` (or a hung one, alive but not answering pings, within
-`runtime.worker_hang_timeout_s`: engine/worker_health.py), fails its in-flight requests
-with EngineDeadError, and starts a replacement; and runtime scaling (`scale`: workers
-added, or drained and removed). Does not own: engine logic.
+Owns: the request side of one model's workers: sending each generation request to the
+ready worker its router picks (`scheduler.routing`, engine/routing.py), resubmitting one
+whose worker died before it produced anything, backpressure (`scheduler.high_watermark`),
+the receive loop's dispatch of every worker message (each `StepOutputs` delta to its
+request's asyncio.Queue), aborts, live reconfiguration, and failing a worker's in-flight
+requests with EngineDeadError when it dies, hangs or is removed.
 
-Workers are keyed by `worker_id`; ids are never reused in one server's life (a replacement
-keeps its slot's id, a worker added by `scale` gets a new one).
-
-Channels: every worker connects to one Unix stream socket the API listens on and sends
-its output there as length-prefixed frames (frames.py: the event loop reads them
-directly, with no I/O threads in between). The API sends requests over one ZeroMQ PUSH
-socket per worker generation (a replacement gets a fresh address, so nothing queued for
-the dead worker reaches the new one).
+Does not own, and delegates to collaborators that get what they need passed in:
+- the workers, their sockets, processes and IPC channels: `WorkerPool`
+  (engine/worker_pool.py; ids are never reused in one server's life);
+- noticing a dead or hung worker and replacing it, health pings: `PoolWatchdog`
+  (engine/pool_watchdog.py, with the hang rule in engine/worker_health.py);
+- runtime scaling (`scale`: workers added, or drained and removed): `PoolScaler`
+  (engine/pool_scaling.py);
+- embeddings (`embed`): `EmbedDispatch` (engine/embed_dispatch.py);
+- engine logic (engine/core.py, in the workers).
 """
 
 from __future__ import annotations
@@ -23,33 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing as mp
-import os
-import shutil
-import tempfile
-import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
-import numpy as np
 import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
-from inferflux.engine.frames import FrameReader
+from inferflux.engine.embed_dispatch import EmbedDispatch
 from inferflux.engine.messages import (
-    AbortRequests,
     AddRequest,
-    EmbedRequest,
     EmbedResult,
-    EngineStats,
     FinishReason,
-    Ping,
     Pong,
     Reconfigure,
     RequestDelta,
-    Shutdown,
     StepOutputs,
     StepStats,
     WorkerFailed,
@@ -57,35 +44,16 @@ from inferflux.engine.messages import (
     decode_output,
     encode,
 )
-from inferflux.engine.protocol import (
-    MAX_WORKERS,
-    EmbeddingResult,
-    EngineClient,
-    ModelInfo,
-    WorkerStatus,
-)
+from inferflux.engine.pool_scaling import PoolScaler
+from inferflux.engine.pool_watchdog import PoolWatchdog
+from inferflux.engine.protocol import EmbeddingResult, EngineClient, ModelInfo, WorkerStatus
 from inferflux.engine.routing import RouteRequest, WorkerLoad, make_worker_router
-from inferflux.engine.worker import WorkerConfig, run_worker, worker_config, worker_process_main
-from inferflux.engine.worker_health import WorkerHealth
-from inferflux.errors import (
-    EngineDeadError,
-    EngineError,
-    InvalidRequest,
-    ModelLoadError,
-    QueueFull,
-    QueueTimeout,
-)
+from inferflux.engine.worker import WorkerConfig, worker_config
+from inferflux.engine.worker_pool import MAX_RESUBMITS, RESUBMIT_WAIT_S, PoolWorker, WorkerPool
+from inferflux.errors import EngineDeadError, ModelLoadError, QueueFull, QueueTimeout
 
 logger = logging.getLogger(__name__)
 
-_WATCHDOG_S = 0.2
-_MAX_RESTART_DELAY_S = 30.0
-_MAX_RESUBMITS = 2
-_RESUBMIT_WAIT_S = 30.0
-# A worker told to shut down aborts its requests and exits after its current step; one
-# still alive after this long is killed (it holds nothing worth saving), so that a
-# graceful stop fits the last part of server.shutdown_grace_s (api/drain.py).
-SHUTDOWN_JOIN_S = 1.0
 # Finishes after which a worker caches the request's prompt and output (engine/core.py).
 _CACHED_FINISHES = frozenset({FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH})
 
@@ -106,34 +74,7 @@ def _abort_delta(last: RequestDelta) -> RequestDelta:
     )
 
 
-@dataclass(slots=True, eq=False)
-class _Worker:
-    worker_id: int
-    generation: int = 0
-    socket: zmq.Socket[bytes] | None = None
-    health_socket: zmq.Socket[bytes] | None = None  # pings, to the worker's heartbeat
-    process: mp.process.BaseProcess | None = None
-    thread: threading.Thread | None = None
-    pid: int | None = None
-    ready: bool = False
-    failed: str | None = None
-    restarts: int = 0
-    restart_at: float = 0.0
-    in_flight: set[str] = field(default_factory=set)
-    stats: EngineStats = field(default_factory=EngineStats)
-    load_s: float | None = None  # model load time reported by the latest WorkerReady
-    loaded: bool = False  # WorkerReady came; `ready` once it answers a ping too
-    health: WorkerHealth = field(default_factory=WorkerHealth)
-    draining: bool = False  # removed by `scale`: out of rotation, finishing its requests
-    stopping: bool = False  # told to shut down (drained): the watchdog leaves it alone
-
-    def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.is_alive()
-        return self.thread is not None and self.thread.is_alive()
-
-
-def _load(worker: _Worker) -> WorkerLoad:
+def _load(worker: PoolWorker) -> WorkerLoad:
     """What routing sees of `worker`."""
     stats = worker.stats
     cache = stats.prefix_cache
@@ -163,75 +104,66 @@ class WorkerPoolClient:
     def __init__(self, settings: Settings, model_info: ModelInfo) -> None:
         self.settings = settings
         self.model_info = model_info
-        self._in_process = settings.runtime.in_process
-        self._workers = {i: _Worker(worker_id=i) for i in range(settings.runtime.workers)}
-        self._next_worker_id = settings.runtime.workers
-        self._scale_lock = asyncio.Lock()
-        self._retiring: set[asyncio.Task[None]] = set()
-        self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], _Worker]] = {}
-        self._embeds: dict[str, tuple[asyncio.Future[EmbedResult], _Worker]] = {}
-        self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._ipc_dir = ""
-        self._output: asyncio.AbstractServer | None = None
+        self._queues: dict[str, tuple[asyncio.Queue[RequestDelta | Exception], PoolWorker]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._closing = False
         self._backpressure = False
         self._step_observers: list[Callable[[int, StepStats], None]] = []
         self._n_batch = settings.scheduler.max_batch_tokens  # the contexts' batch, for good
         self._reconfigured = False  # a live change happened: workers get it once ready
         self._router = make_worker_router()  # reads settings.scheduler.routing per request
+        self._init_collaborators(settings)
+
+    def _init_collaborators(self, settings: Settings) -> None:
+        runtime = settings.runtime
+        self._pool = WorkerPool(
+            runtime.workers, in_process=runtime.in_process, config=self._worker_config
+        )
+        self._watchdog = PoolWatchdog(
+            self._pool, runtime, fail_in_flight=self._fail_in_flight, on_ready=self._on_ready
+        )
+        self._scaler = PoolScaler(self._pool, runtime, fail_in_flight=self._fail_in_flight)
+        self._embeds = EmbedDispatch(self._pool, self._pick_worker)
 
     # -- EngineClient -----------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return any(w.ready for w in self._workers.values())
+        return self._pool.ready
 
     async def start(self) -> None:
-        self._ipc_dir = tempfile.mkdtemp(prefix="inferflux-ipc-")
-        self._output = await asyncio.get_running_loop().create_unix_server(
-            lambda: FrameReader(self._on_output), path=self._output_path()
-        )
-        for worker in self._workers.values():
-            self._spawn(worker)
-        self._tasks = [asyncio.create_task(self._watchdog(), name="engine-watchdog")]
+        await self._pool.open(self._on_output)
+        self._tasks = [asyncio.create_task(self._watchdog.run(), name="engine-watchdog")]
         await self._wait_first_ready()
 
     async def _wait_first_ready(self) -> None:
         deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
+        workers = self._pool.workers
         while not self.ready:
-            failures = [w.failed for w in self._workers.values() if w.failed]
-            if len(failures) == len(self._workers):
+            failures = [w.failed for w in workers.values() if w.failed]
+            if len(failures) == len(workers):
                 raise ModelLoadError(f"no worker could load the model: {failures[0]}")
             if time.monotonic() > deadline:
                 raise ModelLoadError("no worker became ready within runtime.worker_start_timeout_s")
             await asyncio.sleep(0.02)
 
     async def shutdown(self) -> None:
-        self._closing = True
-        for task in list(self._retiring):
-            task.cancel()
-        for worker in self._workers.values():
+        self._pool.closing = True
+        self._scaler.cancel()
+        workers = list(self._pool.workers.values())
+        for worker in workers:
             worker.ready = False  # late requests get NoWorkerReady (503), not a dead socket
-            if worker.alive():
-                with contextlib.suppress(EngineDeadError):
-                    await self._send(worker, encode(Shutdown()))
-        await asyncio.to_thread(self._join_all, SHUTDOWN_JOIN_S)
+        await self._pool.stop(workers)
         for task in self._tasks:
             task.cancel()
-        for worker in self._workers.values():
+        for worker in self._pool.workers.values():
             self._fail_in_flight(worker, EngineDeadError("the server is shutting down"))
-            self._close_sockets(worker)
-        if self._output is not None:
-            self._output.close()
-        self._zmq.term()
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._pool.close()
 
     async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
         # NOTE: a worker can die before the watchdog notices; a request it had not
         # produced anything for yet is resubmitted to another ready worker (spec REQ 9.4).
         # One that already streamed output fails: its sampling state died with the worker.
         self._check_backpressure()
-        for attempt in range(_MAX_RESUBMITS + 1):
+        for attempt in range(MAX_RESUBMITS + 1):
             worker = self._pick_worker(request)
             produced = False
             try:
@@ -246,14 +178,14 @@ class WorkerPoolClient:
                     yield delta
                 return
             except EngineDeadError:
-                if produced or attempt == _MAX_RESUBMITS or self._closing:
+                if produced or attempt == MAX_RESUBMITS or self._pool.closing:
                     raise
                 logger.warning("resubmitting %s after its worker died", request.request_id)
-                await self._wait_ready(_RESUBMIT_WAIT_S)
+                await self._pool.wait_ready(RESUBMIT_WAIT_S)
 
     def queue_depth(self) -> int:
         """Requests submitted and not running yet (queued in a worker, or on the way)."""
-        workers = self._workers.values()
+        workers = self._pool.workers.values()
         return max(
             0, sum(len(w.in_flight) for w in workers) - sum(w.stats.num_running for w in workers)
         )
@@ -276,7 +208,7 @@ class WorkerPoolClient:
             )
 
     async def _generate_on(
-        self, worker: _Worker, request: AddRequest
+        self, worker: PoolWorker, request: AddRequest
     ) -> AsyncIterator[RequestDelta]:
         queue: asyncio.Queue[RequestDelta | Exception] = asyncio.Queue()
         request_id = request.request_id
@@ -286,7 +218,7 @@ class WorkerPoolClient:
         last = RequestDelta(request_id=request_id)
         output: list[int] = []  # what the worker's prefix cache keeps: prompt + output
         try:
-            await self._send(worker, encode(request))
+            await self._pool.send(worker, encode(request))
             while True:
                 item = await queue.get()
                 if isinstance(item, Exception):
@@ -305,20 +237,14 @@ class WorkerPoolClient:
             self._forget(request_id)
             self._router.finish(request_id, _cached_tokens(request, last, output))
             if not finished:
-                await self._send_abort(worker, request_id)
-
-    async def _wait_ready(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for any worker to be ready (returns either way)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.ready and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+                await self._pool.send_abort(worker, request_id)
 
     async def abort(self, request_id: str) -> None:
         """Abort the request in its worker and end its stream now with an ABORT delta:
         the worker's own comes only after its current step (and is then dropped)."""
         entry = self._queues.get(request_id)
         if entry is not None:
-            await self._send_abort(entry[1], request_id)
+            await self._pool.send_abort(entry[1], request_id)
             entry[0].put_nowait(_Aborted())
 
     def workers(self) -> list[WorkerStatus]:
@@ -335,7 +261,7 @@ class WorkerPoolClient:
                 hangs=w.health.hangs,
                 draining=w.draining,
             )
-            for w in self._workers.values()
+            for w in self._pool.workers.values()
         ]
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
@@ -351,11 +277,11 @@ class WorkerPoolClient:
             update={"scheduler": scheduler, "observability": observability}
         )
         self._reconfigured = True
-        for worker in self._workers.values():
+        for worker in self._pool.workers.values():
             if worker.ready:
                 self._push_settings(worker)
 
-    def _push_settings(self, worker: _Worker) -> None:
+    def _push_settings(self, worker: PoolWorker) -> None:
         message = Reconfigure(
             scheduler=self.settings.scheduler.model_dump(mode="json"),
             observability=self.settings.observability.model_dump(mode="json"),
@@ -365,10 +291,10 @@ class WorkerPoolClient:
                 worker.socket.send(encode(message), zmq.NOBLOCK)
 
     # -- routing and dispatch -------------------------------------------------------------
-    def _pick_worker(self, request: AddRequest | None = None) -> _Worker:
+    def _pick_worker(self, request: AddRequest | None = None) -> PoolWorker:
         """The worker for `request` by `scheduler.routing` (engine/routing.py), read now so
         a live change applies at once; the least-loaded one for an embedding (None)."""
-        loads = [_load(w) for w in self._workers.values()]
+        loads = [_load(w) for w in self._pool.workers.values()]
         if request is None:
             worker_id = self._router.route_any(loads)
         else:
@@ -379,37 +305,17 @@ class WorkerPoolClient:
                 request.cache_namespace,
             )
             worker_id = self._router.route(route, loads, self.settings.scheduler).worker_id
-        return self._workers[worker_id]
+        return self._pool.workers[worker_id]
 
     def _forget(self, request_id: str) -> None:
         entry = self._queues.pop(request_id, None)
         if entry is not None:
             entry[1].in_flight.discard(request_id)
 
-    async def _send(self, worker: _Worker, data: bytes) -> None:
-        """Queue `data` for `worker` without ever blocking.
-
-        NOTE: a PUSH socket whose peer is gone blocks `send` until a peer connects, and
-        closing it then cancels the send. NOBLOCK with no high-water mark fails fast
-        instead: no peer → EngineDeadError, which `generate` resubmits elsewhere.
-        """
-        if worker.socket is None:
-            raise EngineDeadError("the engine worker is not running")
-        try:
-            worker.socket.send(data, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            worker.ready = False  # the watchdog restarts it once the process is gone
-            raise EngineDeadError(f"the engine worker is unreachable: {exc}") from None
-
-    async def _send_abort(self, worker: _Worker, request_id: str) -> None:
-        if worker.ready or (worker.draining and not worker.stopping):
-            with contextlib.suppress(EngineDeadError):
-                await self._send(worker, encode(AbortRequests([request_id])))
-
     def _on_output(self, data: bytes) -> None:
         """One message from a worker's output channel (called by the event loop)."""
         message = decode_output(data)
-        worker = self._workers.get(message.worker_id)
+        worker = self._pool.workers.get(message.worker_id)
         if worker is None or message.generation != worker.generation:
             return  # from a worker that has been replaced or removed
         worker.health.heard(time.monotonic())
@@ -419,16 +325,15 @@ class WorkerPoolClient:
                 self._observe_step(worker.worker_id, message.step)
             self._dispatch(message.deltas)
         elif isinstance(message, Pong):
-            if worker.health.answered(message.seq, message.busy_s, time.monotonic()):
-                self._on_health_check(worker)
+            self._watchdog.answered(worker, message.seq, message.busy_s)
         elif isinstance(message, WorkerReady):
             worker.loaded, worker.pid, worker.failed = True, message.pid, None
             worker.load_s = message.load_s
-            self._ping(worker)  # ready once it answers: a health check before rotation
+            self._watchdog.ping(worker)  # ready once it answers: a health check before rotation
         elif isinstance(message, WorkerFailed):
             worker.failed = message.message
         elif isinstance(message, EmbedResult):
-            self._resolve_embed(message)
+            self._embeds.resolve(message)
 
     def _observe_step(self, worker_id: int, step: StepStats) -> None:
         """Hand a step's stats to the observers (before its deltas, so an admission is
@@ -445,284 +350,35 @@ class WorkerPoolClient:
             if entry is not None:
                 entry[0].put_nowait(delta)
 
-    def _fail_in_flight(self, worker: _Worker, error: Exception) -> None:
+    def _fail_in_flight(self, worker: PoolWorker, error: Exception) -> None:
         for request_id in list(worker.in_flight):
             entry = self._queues.get(request_id)
             if entry is not None:
                 entry[0].put_nowait(error)
-        self._fail_embeds(worker, error)
+        self._embeds.fail(worker, error)
         worker.in_flight.clear()
 
-    # -- embeddings -----------------------------------------------------------------------
+    # -- collaborators' hooks --------------------------------------------------------------
     async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
-        request = EmbedRequest(
-            request_id=f"embd-{uuid.uuid4().hex}", inputs=inputs, normalize=normalize
-        )
-        data = encode(request)
-        # NOTE: embedding is idempotent: a request whose worker died is resubmitted to
-        # another ready worker (spec REQ 9.4), as `generate` does before any output.
-        attempt = 0
-        while True:
-            try:
-                result = await self._embed_on(self._pick_worker(), request.request_id, data)
-            except EngineDeadError:
-                attempt += 1
-                if attempt > _MAX_RESUBMITS or self._closing:
-                    raise
-                logger.warning("resubmitting %s after its worker died", request.request_id)
-                await self._wait_ready(_RESUBMIT_WAIT_S)
-                continue
-            vectors = np.frombuffer(result.embeddings, dtype="<f4").reshape(-1, result.n_embd)
-            return EmbeddingResult(vectors=vectors.tolist(), num_prompt_tokens=result.num_tokens)
+        return await self._embeds.embed(inputs, normalize=normalize)
 
-    async def _embed_on(self, worker: _Worker, request_id: str, data: bytes) -> EmbedResult:
-        future: asyncio.Future[EmbedResult] = asyncio.get_running_loop().create_future()
-        self._embeds[request_id] = (future, worker)
-        worker.in_flight.add(request_id)
-        try:
-            await self._send(worker, data)
-            return await future
-        finally:
-            self._embeds.pop(request_id, None)
-            worker.in_flight.discard(request_id)
-            if not future.done() or future.cancelled():  # the caller gave up: drop it there
-                await self._send_abort(worker, request_id)
+    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+        """Run `num_workers` workers from now on (engine/protocol.py has the contract;
+        engine/pool_scaling.py does it)."""
+        await self._scaler.scale(num_workers)
+        return self.workers()
 
-    def _resolve_embed(self, message: EmbedResult) -> None:
-        entry = self._embeds.get(message.request_id)
-        if entry is None or entry[0].done():
-            return
-        if message.error is not None:
-            error = EngineError(f"embedding failed in the engine: {message.error}")
-            entry[0].set_exception(error)
-        else:
-            entry[0].set_result(message)
-
-    def _fail_embeds(self, worker: _Worker, error: Exception) -> None:
-        for future, owner in list(self._embeds.values()):
-            if owner is worker and not future.done():
-                future.set_exception(error)
-
-    # -- health ---------------------------------------------------------------------------
-    def _ping(self, worker: _Worker) -> None:
-        """Send a health ping unless one is outstanding (answered between steps)."""
-        seq = worker.health.next_ping(time.monotonic())
-        if seq is None or worker.health_socket is None:
-            return
-        try:
-            worker.health_socket.send(encode(Ping(seq)), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            # NOTE: no peer (yet): the heartbeat is still connecting, or the process is
-            # gone (the watchdog sees that). Not outstanding: pinged again next tick.
-            worker.health.unsent()
-
-    def _on_health_check(self, worker: _Worker) -> None:
-        """A worker answered a ping: a loaded one that is not in rotation joins it (a new
-        or replaced worker, after WorkerReady and one answered ping)."""
-        if not worker.loaded or worker.ready or worker.draining or self._closing:
-            return
-        worker.ready = True
-        logger.info("worker %d ready (pid %s)", worker.worker_id, worker.pid)
+    def _on_ready(self, worker: PoolWorker) -> None:
+        """`worker` joined the rotation (engine/pool_watchdog.py): it gets the live
+        settings if they changed since the server started."""
         if self._reconfigured:
             self._push_settings(worker)
 
-    def _check_health(self, worker: _Worker, now: float) -> None:
-        """One watchdog tick for a loaded worker: ping it, or take it down when hung."""
-        runtime = self.settings.runtime
-        reason = worker.health.hang(
-            now, runtime.worker_hang_timeout_s, runtime.worker_step_timeout_s
-        )
-        if reason is not None:
-            self._on_worker_hung(worker, now, reason)
-        else:
-            self._ping(worker)
-
-    def _on_worker_hung(self, worker: _Worker, now: float, reason: str) -> None:
-        """Out of rotation, its requests failed (unstarted ones are resubmitted by
-        `generate`), the process killed, a replacement scheduled.
-
-        NOTE: in in-process mode a thread cannot be killed: the hung thread is abandoned
-        (its messages carry an old generation and are ignored; it keeps its memory) and a
-        new thread replaces it.
-        """
-        held = sorted(worker.in_flight)
-        worker.health.hangs += 1
-        logger.error(
-            "worker %d (pid %s) hung: %s; it held %d requests %s; killing and replacing it",
-            worker.worker_id,
-            worker.pid,
-            reason,
-            len(held),
-            held[:8],
-        )
-        worker.ready = worker.loaded = False
-        error = EngineDeadError("the engine worker stopped responding; retry the request")
-        self._fail_in_flight(worker, error)
-        if worker.process is not None:
-            worker.process.kill()  # SIGKILL: a stopped (SIGSTOP) process dies too
-        if worker.draining:
-            worker.stopping = True  # being removed: no replacement
-            return
-        worker.restarts += 1
-        worker.restart_at = now  # at the next tick
-
-    # -- worker lifecycle -----------------------------------------------------------------
-    async def _watchdog(self) -> None:
-        while not self._closing:
-            await asyncio.sleep(_WATCHDOG_S)
-            now = time.monotonic()
-            for worker in list(self._workers.values()):
-                if self._closing or worker.stopping:
-                    continue
-                if worker.restart_at:
-                    if now >= worker.restart_at:
-                        worker.restart_at = 0.0
-                        self._spawn(worker)
-                elif not worker.alive():
-                    self._on_worker_died(worker, now)
-                elif worker.loaded:
-                    self._check_health(worker, now)
-
-    def _on_worker_died(self, worker: _Worker, now: float) -> None:
-        exitcode = worker.process.exitcode if worker.process is not None else None
-        logger.error(
-            "worker %d (pid %s) died (exit code %s); failing %d in-flight requests and restarting",
-            worker.worker_id,
-            worker.pid,
-            exitcode,
-            len(worker.in_flight),
-        )
-        worker.ready = worker.loaded = False
-        self._fail_in_flight(worker, EngineDeadError("the engine worker died; retry the request"))
-        if worker.draining:
-            worker.stopping = True  # being removed: no replacement
-            return
-        worker.restarts += 1
-        delay = 0.0 if worker.failed is None else min(2.0**worker.restarts, _MAX_RESTART_DELAY_S)
-        worker.restart_at = now + delay
-
-    # -- runtime scaling ------------------------------------------------------------------
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
-        """Run `num_workers` workers from now on (engine/protocol.py has the contract).
-        Changes run one at a time; the removed workers drain in the background."""
-        if not 1 <= num_workers <= MAX_WORKERS:
-            raise InvalidRequest(
-                f"workers must be 1..{MAX_WORKERS}, not {num_workers}", param="workers"
-            )
-        async with self._scale_lock:
-            active = [w for w in self._workers.values() if not w.draining]
-            if num_workers > len(active):
-                added = [self._add_worker() for _ in range(num_workers - len(active))]
-                await self._wait_loaded(added)
-            elif num_workers < len(active):
-                # out of rotation first: never ready, then the fewest in flight
-                by_cost = sorted(active, key=lambda w: (w.ready, len(w.in_flight)))
-                self._remove(by_cost[: len(active) - num_workers])
-            logger.info("workers scaled from %d to %d", len(active), num_workers)
-        return self.workers()
-
-    def _add_worker(self) -> _Worker:
-        worker = _Worker(worker_id=self._next_worker_id)
-        self._next_worker_id += 1
-        self._workers[worker.worker_id] = worker
-        self._spawn(worker)
-        return worker
-
-    async def _wait_loaded(self, workers: list[_Worker]) -> None:
-        """Wait until each of `workers` is ready or failed, up to worker_start_timeout_s
-        (the ones still loading join the rotation when they are ready)."""
-        deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
-        while time.monotonic() < deadline and not self._closing:
-            if all(w.ready or w.failed for w in workers):
-                return
-            await asyncio.sleep(0.05)
-
-    def _remove(self, workers: list[_Worker]) -> None:
-        for worker in workers:
-            worker.draining, worker.ready = True, False
-            logger.info(
-                "worker %d (pid %s) removed: draining %d requests",
-                worker.worker_id,
-                worker.pid,
-                len(worker.in_flight),
-            )
-        task = asyncio.create_task(self._retire(workers), name="engine-retire")
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    async def _retire(self, workers: list[_Worker]) -> None:
-        """Let `workers` finish their requests (up to runtime.worker_drain_timeout_s), fail
-        what is left (EngineDeadError: `generate` resubmits an unstarted request), then
-        stop them and forget them."""
-        deadline = time.monotonic() + self.settings.runtime.worker_drain_timeout_s
-        while any(w.in_flight for w in workers) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for worker in workers:
-            if worker.in_flight:
-                logger.warning(
-                    "worker %d: %d requests left after runtime.worker_drain_timeout_s; "
-                    "failing them",
-                    worker.worker_id,
-                    len(worker.in_flight),
-                )
-                error = EngineDeadError("the engine worker was removed; retry the request")
-                self._fail_in_flight(worker, error)
-            worker.stopping = True
-            if worker.alive():
-                with contextlib.suppress(EngineDeadError):
-                    await self._send(worker, encode(Shutdown()))
-        await asyncio.to_thread(self._join, workers, SHUTDOWN_JOIN_S)
-        for worker in workers:
-            self._close_sockets(worker)
-            self._workers.pop(worker.worker_id, None)
-            logger.info("worker %d (pid %s) stopped", worker.worker_id, worker.pid)
-
-    def _spawn(self, worker: _Worker) -> None:
-        self._close_sockets(worker)
-        worker.generation += 1
-        worker.ready, worker.loaded, worker.pid = False, False, None
-        worker.health.reset(time.monotonic())
-        name = f"{worker.worker_id}-{worker.generation}"
-        address, health = f"ipc://{self._ipc_dir}/in-{name}", f"ipc://{self._ipc_dir}/health-{name}"
-        worker.socket = self._push_socket(address)
-        worker.health_socket = self._push_socket(health)
-        config = self._worker_config(worker, address, health)
-        if self._in_process:
-            worker.thread = threading.Thread(
-                target=run_worker, args=(config,), name=f"engine-{worker.worker_id}", daemon=True
-            )
-            worker.thread.start()
-            worker.pid = os.getpid()
-            return
-        worker.process = mp.get_context("spawn").Process(
-            target=worker_process_main,
-            args=(config,),
-            name=f"inferflux-worker-{worker.worker_id}",
-            daemon=True,
-        )
-        worker.process.start()
-        worker.pid = worker.process.pid
-
-    def _push_socket(self, address: str) -> zmq.Socket[bytes]:
-        socket = self._zmq.socket(zmq.PUSH)
-        socket.setsockopt(zmq.SNDHWM, 0)
-        socket.bind(address)
-        return socket
-
-    @staticmethod
-    def _close_sockets(worker: _Worker) -> None:
-        for socket in (worker.socket, worker.health_socket):
-            if socket is not None:
-                socket.close(linger=0)
-
-    def _output_path(self) -> str:
-        return os.path.join(self._ipc_dir, "out.sock")
-
-    def _worker_config(self, worker: _Worker, input_address: str, health: str) -> WorkerConfig:
+    def _worker_config(self, worker: PoolWorker, input_address: str, health: str) -> WorkerConfig:
         scheduler = self.settings.scheduler.model_copy(update={"max_batch_tokens": self._n_batch})
         # NOTE: the CPU threads of a worker started by `scale` (or a restart after it) are
         # cores / the current count, unless runtime.n_threads sets them.
-        num_workers = sum(1 for w in self._workers.values() if not w.draining)
+        num_workers = self._pool.num_active()
         runtime = self.settings.runtime.model_copy(update={"workers": max(1, num_workers)})
         return worker_config(
             self.settings.model_copy(update={"scheduler": scheduler, "runtime": runtime}),
@@ -730,27 +386,10 @@ class WorkerPoolClient:
             worker_id=worker.worker_id,
             generation=worker.generation,
             input_address=input_address,
-            output_address=self._output_path(),
-            exit_with_parent=not self._in_process,
+            output_address=self._pool.output_path,
+            exit_with_parent=not self.settings.runtime.in_process,
             health_address=health,
         )
-
-    def _join_all(self, timeout_s: float) -> None:
-        self._join(list(self._workers.values()), timeout_s)
-
-    @staticmethod
-    def _join(workers: list[_Worker], timeout_s: float) -> None:
-        """Wait for `workers` to exit, together at most `timeout_s`; kill what is left."""
-        deadline = time.monotonic() + timeout_s
-        for worker in workers:
-            remaining = max(0.0, deadline - time.monotonic())
-            if worker.process is not None:
-                worker.process.join(remaining)
-                if worker.process.is_alive():
-                    worker.process.kill()
-                    worker.process.join(1.0)
-            elif worker.thread is not None:
-                worker.thread.join(remaining)
 
 
 def make_engine_client(settings: Settings, model_info: ModelInfo) -> EngineClient:

@@ -4,7 +4,7 @@ Owns: the wire format of worker → API messages (a 4-byte little-endian length,
 many bytes of one msgspec message), `FrameWriter` (the worker's blocking end, which never
 hangs on an API process that is gone) and `FrameReader` (the API's asyncio protocol,
 which hands each whole frame to a callback). Does not own: what the frames say
-(messages.py) or the API → worker direction (ZeroMQ, client.py).
+(messages.py) or the API → worker direction (ZeroMQ, worker_pool.py).
 
 Why not ZeroMQ for this direction: every step of every worker sends one message, and a
 ZeroMQ send goes through two background I/O threads (the worker's and the API's) before

@@ -1,8 +1,8 @@
 """Hang detection for one engine worker: when to ping it, and when it counts as hung.
 
 Owns the bookkeeping (`WorkerHealth`) and the rule. Does not own taking the worker out
-of rotation, killing or replacing it (engine/client.py does that on `hang()`), nor the
-worker's side (its heartbeat thread answers pings: engine/heartbeat.py).
+of rotation, killing or replacing it (engine/pool_watchdog.py does that on `hang()`),
+nor the worker's side (its heartbeat thread answers pings: engine/heartbeat.py).
 
 The rule. The API's watchdog sends a `Ping` at every tick (0.2 s) while none is
 outstanding, and every message from the worker (a step's outputs, an embedding, a `Pong`)
