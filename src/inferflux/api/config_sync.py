@@ -19,7 +19,6 @@ these knobs (not the policy: that snapshot is sealed, security/policy_sync.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -28,27 +27,28 @@ from inferflux.api.live_config import LiveConfig
 from inferflux.config.live import LIVE_KEYS
 from inferflux.config.security_settings import RedisSettings
 from inferflux.errors import InferfluxError, ServiceUnavailable
-from inferflux.security.rate_limit.limiter import redis_location
 from inferflux.security.replication import (
     REDIS_ERRORS,
     DocumentSync,
+    LockedDocument,
     SnapshotError,
+    SyncedChanges,
     SyncStatus,
-    redis_client,
+    redis_document_sync,
 )
 
 MAX_ATTEMPTS = 5
 
 
-class _ConfigDocument:
+class _ConfigDocument(LockedDocument):
     """`ReplicatedDocument` over a `LiveConfig`: its live values at a version."""
 
     label = "live config"
 
     def __init__(self, live: LiveConfig) -> None:
+        super().__init__()
         self.live = live
         self.version = 0
-        self.lock = asyncio.Lock()
 
     def held_version(self) -> int:
         return self.version
@@ -56,12 +56,7 @@ class _ConfigDocument:
     def sealed(self) -> bytes:
         return _encode(self.live.live_values(), self.version)
 
-    async def apply(self, blob: bytes, version: int) -> bool:
-        async with self.lock:
-            return await self.install(blob, version)
-
     async def install(self, blob: bytes, version: int) -> bool:
-        """`apply` with the lock held."""
         if version <= self.version:
             return False
         values = _decode(blob, version)
@@ -73,22 +68,16 @@ class _ConfigDocument:
         return True
 
 
-class ConfigSync:
+class ConfigSync(SyncedChanges):
     """PATCH /v1/admin/config through the cluster (module docstring). `start` once on the
     event loop, `close` at shutdown."""
 
     def __init__(self, document: _ConfigDocument, sync: DocumentSync) -> None:
+        super().__init__(sync)
         self._document = document
-        self._sync = sync
 
     def status(self) -> SyncStatus:
         return self._sync.status()
-
-    async def start(self) -> None:
-        await self._sync.start()
-
-    async def close(self) -> None:
-        await self._sync.close()
 
     async def patch(self, change: Mapping[str, Any]) -> dict[str, Any]:
         """`LiveConfig.patch`, published first. Raises what it raises (nothing changes
@@ -160,12 +149,5 @@ def make_config_sync(redis: RedisSettings, live: LiveConfig) -> ConfigSync | Non
     if redis.url is None or not redis.config_sync:
         return None
     document = _ConfigDocument(live)
-    sync = DocumentSync(
-        document,
-        redis_client(redis),
-        namespace=f"{redis.policy_namespace}:config",
-        interval_s=redis.policy_sync_interval_s,
-        timeout_s=redis.timeout_s,
-        where=redis_location(redis.url.get_secret_value()),
-    )
+    sync = redis_document_sync(document, redis, ":config")
     return ConfigSync(document, sync)

@@ -29,7 +29,6 @@ Owns the document adapter, the diff and `make_model_sync`. Does not own how mode
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -44,14 +43,15 @@ from inferflux.config.security_settings import RedisSettings
 from inferflux.errors import InferfluxError, ServiceUnavailable
 from inferflux.models.manifest_store import entry_fields
 from inferflux.models.protocol import LifecycleResult, ModelLifecycle, ModelView
-from inferflux.security.rate_limit.limiter import redis_location
 from inferflux.security.replication import (
     REDIS_ERRORS,
     DocumentSync,
+    LockedDocument,
     Newer,
     SnapshotError,
+    SyncedChanges,
     SyncStatus,
-    redis_client,
+    redis_document_sync,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,19 +152,19 @@ async def run_step(lifecycle: ModelLifecycle, step: Step) -> LifecycleResult:
     return await lifecycle.unload(step.model_id, forget=step.action == "forget")
 
 
-class ModelsDocument:
+class ModelsDocument(LockedDocument):
     """`ReplicatedDocument` over the models of one replica (module docstring)."""
 
     label = "models"
 
     def __init__(self, lifecycle: ModelLifecycle, views: Callable[[], list[ModelView]]) -> None:
+        super().__init__()
         self.lifecycle = lifecycle
         self.views = views
         self.version = 0
         self.entries: dict[str, Fields] = {}  # admin-loaded models: their entries
         self.failed: dict[str, str] = {}  # model id → why the last applied version failed
         self.last = ModelsSnapshot()  # the version held, as applied or published
-        self.lock = asyncio.Lock()
 
     def held_version(self) -> int:
         return self.version
@@ -183,12 +183,8 @@ class ModelsDocument:
     def sealed(self) -> bytes:
         return encode(self.last, self.version)
 
-    async def apply(self, blob: bytes, version: int) -> bool:
-        async with self.lock:
-            return await self.install(blob, version)
-
     async def install(self, blob: bytes, version: int) -> bool:
-        """`apply` with the lock held. Steps that fail are recorded, not raised."""
+        """Steps that fail are recorded, not raised."""
         if version <= self.version:
             return False
         wanted = decode(blob, version)
@@ -214,13 +210,13 @@ class ModelsDocument:
         return True
 
 
-class ModelSync:
+class ModelSync(SyncedChanges):
     """Admin model changes through the cluster (module docstring). `start` once on the
     event loop (after the default model started), `close` at shutdown."""
 
     def __init__(self, document: ModelsDocument, sync: DocumentSync) -> None:
+        super().__init__(sync)
         self._document = document
-        self._sync = sync
 
     def status(self) -> ModelReplicationStatus:
         return ModelReplicationStatus(self._sync.status(), dict(self._document.failed))
@@ -230,12 +226,6 @@ class ModelSync:
 
     def num_failed(self) -> int:
         return len(self._document.failed)
-
-    async def start(self) -> None:
-        await self._sync.start()
-
-    async def close(self) -> None:
-        await self._sync.close()
 
     async def run(
         self, change: Callable[[], Awaitable[LifecycleResult]], entry: ManifestEntry | None
@@ -340,12 +330,5 @@ def make_model_sync(
     if redis.url is None or not redis.model_sync:
         return None
     document = ModelsDocument(lifecycle, views)
-    sync = DocumentSync(
-        document,
-        redis_client(redis),
-        namespace=f"{redis.policy_namespace}:models",
-        interval_s=redis.policy_sync_interval_s,
-        timeout_s=redis.timeout_s,
-        where=redis_location(redis.url.get_secret_value()),
-    )
+    sync = redis_document_sync(document, redis, ":models")
     return ModelSync(document, sync)

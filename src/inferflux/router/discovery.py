@@ -10,12 +10,13 @@ replica enters rotation after its first passing check) or what leaving means.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
+
+from inferflux.router.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class ReplicaDiscovery:
         self._port = parts.port or 80
         self._interval_s = interval_s
         self._on_found = on_found
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("router-discovery", lambda: self._interval_s, self.refresh)
 
     async def resolve(self) -> list[str] | None:
         """The replica URLs the name resolves to now, sorted; None when the lookup fails."""
@@ -61,15 +62,7 @@ class ReplicaDiscovery:
             await self._on_found(found)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="router-discovery")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            await self.refresh()
+        await self._periodic.stop()

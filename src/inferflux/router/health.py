@@ -14,13 +14,13 @@ answered 503 (draining) keeps them. Does not own: ejecting on a live request's c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 import httpx
 
 from inferflux.config.router_settings import RouterSettings
+from inferflux.router.periodic import Periodic
 from inferflux.router.replicas import Replica
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,9 @@ class HealthMonitor:
         self._settings = settings
         self._on_change = on_change
         self._on_unreachable = on_unreachable
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(
+            "router-health", lambda: self._settings.health_interval_s, self.check_all
+        )
         self._headers = (
             {"authorization": f"Bearer {settings.stats_api_key.get_secret_value()}"}
             if settings.stats_api_key is not None
@@ -83,18 +85,10 @@ class HealthMonitor:
         await asyncio.gather(*(self._check(r) for r in self._replicas if not r.retired))
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="router-health")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._settings.health_interval_s)
-            await self.check_all()
+        await self._periodic.stop()
 
     async def _check(self, replica: Replica) -> None:
         client = self._clients[replica.index]

@@ -24,13 +24,13 @@ from inferflux.errors import PolicyUnavailable
 from inferflux.security.live_policy import LivePolicy
 from inferflux.security.policy import Policy
 from inferflux.security.policy_codec import DEFAULT_LOG2_N, SnapshotCodec
-from inferflux.security.rate_limit.limiter import redis_location
 from inferflux.security.replication import (
     REDIS_ERRORS,
     DocumentSync,
     SnapshotError,
+    SyncedChanges,
     SyncStatus,
-    redis_client,
+    redis_document_sync,
 )
 
 logger = logging.getLogger(__name__)
@@ -57,24 +57,18 @@ class _PolicyDocument:
         return await self._live.apply(self._codec.open(blob, version))
 
 
-class PolicySync:
+class PolicySync(SyncedChanges):
     """The policy's replication: `PolicyPublisher` for `LivePolicy.update`, and the
     follower of the other replicas' changes. `start` once on the event loop, `close` at
     shutdown."""
 
     def __init__(self, live: LivePolicy, codec: SnapshotCodec, sync: DocumentSync) -> None:
+        super().__init__(sync)
         self._live = live
         self._codec = codec
-        self._sync = sync
 
     def status(self) -> SyncStatus:
         return self._sync.status()
-
-    async def start(self) -> None:
-        await self._sync.start()
-
-    async def close(self) -> None:
-        await self._sync.close()
 
     async def publish(self, policy: Policy, base_version: int) -> Policy | None:
         """`PolicyPublisher.publish`: compare and set in Redis."""
@@ -117,14 +111,7 @@ def make_policy_sync(
             "(key digests only, no secret): anyone who can write to Redis can change it. "
             "Set INFERFLUX_POLICY_PASSPHRASE (the same on every replica) to seal it"
         )
-    sync = DocumentSync(
-        _PolicyDocument(live, codec),
-        redis_client(redis),
-        namespace=redis.policy_namespace,
-        interval_s=redis.policy_sync_interval_s,
-        timeout_s=redis.timeout_s,
-        where=redis_location(redis.url.get_secret_value()),
-    )
+    sync = redis_document_sync(_PolicyDocument(live, codec), redis)
     policy_sync = PolicySync(live, codec, sync)
     live.attach(policy_sync)
     return policy_sync

@@ -45,6 +45,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from inferflux.config.security_settings import RedisSettings
+from inferflux.security.rate_limit.limiter import redis_location
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,37 @@ class ReplicatedDocument(Protocol):
         """Install `blob` published as `version` if newer than the held one (else
         False). Raises SnapshotError when refused (nothing changes then)."""
         ...
+
+
+class LockedDocument:
+    """A document whose changes, local and replicated, are installed one at a time: `apply`
+    (a follower's snapshot) takes `lock` and calls `install`; a local change holds `lock`
+    itself and may call `install` for a newer snapshot before it retries."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+
+    async def apply(self, blob: bytes, version: int) -> bool:
+        async with self.lock:
+            return await self.install(blob, version)
+
+    async def install(self, blob: bytes, version: int) -> bool:
+        """`apply` with the lock held."""
+        raise NotImplementedError
+
+
+class SyncedChanges:
+    """The part every replicated change source shares (the policy's, the live config's,
+    the models'): its `DocumentSync`, started once on the event loop, closed at shutdown."""
+
+    def __init__(self, sync: DocumentSync) -> None:
+        self._sync = sync
+
+    async def start(self) -> None:
+        await self._sync.start()
+
+    async def close(self) -> None:
+        await self._sync.close()
 
 
 def document_label(document: ReplicatedDocument) -> str:
@@ -356,4 +388,20 @@ def redis_client(redis: RedisSettings) -> Any:  # Any: redis-py's from_url is un
         retry_on_timeout=False,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,
+    )
+
+
+def redis_document_sync(
+    document: ReplicatedDocument, redis: RedisSettings, suffix: str = ""
+) -> DocumentSync:
+    """`document` replicated through `redis.url` under `redis.policy_namespace` (+ `suffix`:
+    ":config", ":models"), checked every `redis.policy_sync_interval_s`."""
+    assert redis.url is not None  # NOTE: callers check it
+    return DocumentSync(
+        document,
+        redis_client(redis),
+        namespace=f"{redis.policy_namespace}{suffix}",
+        interval_s=redis.policy_sync_interval_s,
+        timeout_s=redis.timeout_s,
+        where=redis_location(redis.url.get_secret_value()),
     )
