@@ -7,6 +7,7 @@ closed, the server aborts the request, the REPL returns to its prompt) and `/exi
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,17 @@ def _wait_idle(server_url: str, timeout_s: float) -> int:
 def _spawn(server_url: str, tmp_path: Path, *args: str) -> pexpect.spawn:
     env = {**os.environ, "HOME": str(tmp_path), "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "dumb"}
     argv = ["chat", "--interactive", "--url", server_url, "--temperature", "0", *args]
-    return pexpect.spawn(INFERCTL, argv, env=env, encoding="utf-8", timeout=30)
+    return pexpect.spawn(
+        INFERCTL, argv, env=env, encoding="utf-8", timeout=30, preexec_fn=_default_sigint
+    )
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C as a user's shell gives it. A SIGINT ignored or
+    blocked in this test process (by a library, a thread) would otherwise be inherited
+    through exec, and the REPL would never see the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def test_repl_streams_resets_cancels_and_exits(server_url: str, tmp_path: Path) -> None:
