@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -124,7 +125,7 @@ class ReplicatedDocument(Protocol):
         ...
 
 
-class LockedDocument:
+class LockedDocument(ABC):
     """A document whose changes, local and replicated, are installed one at a time: `apply`
     (a follower's snapshot) takes `lock` and calls `install`; a local change holds `lock`
     itself and may call `install` for a newer snapshot before it retries."""
@@ -136,9 +137,9 @@ class LockedDocument:
         async with self.lock:
             return await self.install(blob, version)
 
+    @abstractmethod
     async def install(self, blob: bytes, version: int) -> bool:
         """`apply` with the lock held."""
-        raise NotImplementedError
 
 
 class SyncedChanges:
