@@ -4,8 +4,8 @@ This module owns the wire contract only: no logic, no I/O. Messages are encoded 
 msgpack (`encode`/`decode_input`/`decode_output`). A worker sends one `StepOutputs` per
 engine step carrying the deltas of all its requests, never one message per token.
 
-API → worker: `AddRequest`, `AbortRequests`, `Shutdown`, `EmbedRequest`, `Reconfigure`,
-`Ping`.
+API → worker: `AddRequest`, `AbortRequests`, `Shutdown`, `EmbedRequest`, `Reconfigure`;
+`Ping` on the worker's health socket.
 Worker → API: `WorkerReady`, `WorkerFailed`, `StepOutputs`, `EmbedResult`, `Pong`.
 """
 
@@ -135,9 +135,8 @@ class EmbedRequest(msgspec.Struct, tag="embed", kw_only=True):
 
 class Ping(msgspec.Struct, tag="ping"):
     """Health check, sent on the worker's health socket: its heartbeat thread answers
-    `Pong(seq)` at once, even during a long step (engine/heartbeat.py; the engine loop
-    answers one on its input socket between steps). A worker that answers nothing is
-    frozen (engine/worker_health.py)."""
+    `Pong(seq)` at once, even during a long step (engine/heartbeat.py). A worker that
+    answers nothing is frozen (engine/worker_health.py)."""
 
     seq: int
 

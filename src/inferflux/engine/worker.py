@@ -39,8 +39,6 @@ from inferflux.engine.messages import (
     EmbedRequest,
     EmbedResult,
     EngineOutput,
-    Ping,
-    Pong,
     Reconfigure,
     RequestDelta,
     Shutdown,
@@ -440,12 +438,6 @@ class _WorkerLoop:
                 self._send_embeddings(self.embeds.add(message))
             elif isinstance(message, Reconfigure):
                 self._reconfigure(message)
-            elif isinstance(message, Ping):  # between steps: a hung loop never answers
-                config = self.config
-                pong = Pong(
-                    worker_id=config.worker_id, generation=config.generation, seq=message.seq
-                )
-                self.outbox.send(pong)
             elif isinstance(message, Shutdown):
                 deltas.extend(self.core.abort_requests(self.core.request_ids()))
                 return True

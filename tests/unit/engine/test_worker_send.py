@@ -160,22 +160,6 @@ def test_reconfigure_sets_every_scheduler_knob_and_caps_the_budget_at_the_batch(
     assert log_policies == [observability]
 
 
-def test_a_ping_is_answered_with_a_pong_between_steps(inputs: zmq.Socket[bytes]) -> None:
-    inputs.bind("inproc://worker-ping")
-    sender = inputs.context.socket(zmq.PUSH)
-    sender.connect("inproc://worker-ping")
-    try:
-        loop, _, outbox = _loop(inputs, interval=1)
-        sender.send(encode(Ping(7)))
-        assert inputs.poll(1000)
-        deltas: list[RequestDelta] = []
-        assert loop._drain_inputs(deltas) is False
-        assert deltas == []
-        assert outbox.sent == [Pong(worker_id=0, generation=1, seq=7)]
-    finally:
-        sender.close(linger=0)
-
-
 def test_the_heartbeat_answers_while_the_engine_thread_is_in_a_step(tmp_path) -> None:
     """The heartbeat thread answers a ping at once, with how long the step has run."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
