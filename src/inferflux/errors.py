@@ -13,7 +13,9 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── Unauthorized                    401 invalid_api_key (no or bad credentials)
     │   └── InvalidToken                401 invalid_token (a bearer JWT that does not verify)
     ├── PermissionDenied                403 insufficient_scope (authenticated, not allowed)
-    │   └── PolicyDenied                403 content_filter (the OPA content policy said no)
+    │   ├── PolicyDenied                403 content_filter (the OPA content policy said no)
+    │   └── CsrfRejected                403 csrf_token_invalid (a console session's write
+    │                                       without its X-CSRF-Token header)
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After, x-ratelimit-*)
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
@@ -129,6 +131,12 @@ class PermissionDenied(InferfluxError):
     http_status = 403
     error_type = "permission_error"
     code = "insufficient_scope"
+
+
+class CsrfRejected(PermissionDenied):
+    """A console session's state-changing request without its X-CSRF-Token header."""
+
+    code = "csrf_token_invalid"
 
 
 class PolicyDenied(PermissionDenied):

@@ -503,6 +503,50 @@ class ObservabilitySettings(_Section):
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
 
 
+class ConsoleSettings(_Section):
+    """The web console (`api/console`, docs/console.md): pages served by the API process."""
+
+    enabled: bool = Field(
+        True,
+        description="Serve the web console (chat playground, dashboard, admin pages) at "
+        "console.path. Off: those paths are 404 and no session cookie is accepted.",
+    )
+    path: str = Field(
+        "/ui",
+        pattern=r"^/[a-z][a-z0-9_-]{0,31}$",
+        description="URL path of the console: one segment such as /ui (it must not shadow "
+        "an API path: /v1, /api, /debug, /server, /metrics are refused).",
+    )
+    idle_timeout_s: float = Field(
+        1800.0,
+        ge=1.0,
+        le=7 * 86400,
+        description="A console session unused this long is signed out.",
+    )
+    absolute_timeout_s: float = Field(
+        12 * 3600.0,
+        ge=1.0,
+        le=30 * 86400,
+        description="A console session ends this long after sign-in, used or not (an OIDC "
+        "session also ends when its token expires).",
+    )
+    max_sessions: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description="Console sessions held in memory at most; a new sign-in past it ends "
+        "the least recently used session.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _not_an_api_path(cls, value: str) -> str:
+        reserved = {"/v1", "/api", "/debug", "/server", "/metrics", "/docs", "/openapi.json"}
+        if value in reserved or value in {"/healthz", "/livez", "/readyz"}:
+            raise ValueError(f"console.path {value!r} is an API path: choose another, e.g. /ui")
+        return value
+
+
 class Settings(_Section):
     """Everything InferFlux reads at startup. Build it with `config.loader.load_settings`."""
 
@@ -532,3 +576,6 @@ class Settings(_Section):
         default_factory=RegistrySettings  # type: ignore[arg-type]
     )
     router: RouterSettings = Field(default_factory=RouterSettings)  # type: ignore[arg-type]
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings  # type: ignore[arg-type]
+    )
