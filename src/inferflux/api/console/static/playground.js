@@ -62,7 +62,7 @@ function sdkOf(body) {
   ].join("\n");
 }
 
-export function playgroundPage(main) {
+export function playgroundPage(main, principal) {
   const messages = [];
   const form = {
     model: h("select", { id: "pg-model" }),
@@ -139,8 +139,11 @@ export function playgroundPage(main) {
     }
   }
 
-  get("/v1/models").then((list) => {
-    fill(form.model, list.data.map((m) => h("option", { value: m.id }, m.id)));
+  // Listing models needs the read scope: a generate-only key gets the default model.
+  const models = principal.scopes.includes("read") ? get("/v1/models") : Promise.resolve({ data: [] });
+  models.then((list) => {
+    fill(form.model, h("option", { value: "" }, "(default model)"),
+      list.data.map((m) => h("option", { value: m.id }, m.id)));
   }).catch((err) => line.error(err));
 
   const codeButtons = h("div", { class: "row" },
