@@ -5,6 +5,7 @@ endpoint its Usage page reads."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -126,7 +127,7 @@ async def test_a_header_credential_wins_over_the_cookie(console):
     assert (await client.get("/v1/admin/api_keys", headers=headers)).status_code == 403
 
 
-async def test_state_changing_calls_need_the_csrf_header(console):
+async def test_state_changing_calls_need_the_csrf_header(console, caplog):
     _, client = console
     csrf = await sign_in(client, ADMIN_KEY)
     body = {"scopes": ["read"], "name": "forged"}
@@ -134,8 +135,13 @@ async def test_state_changing_calls_need_the_csrf_header(console):
         forged = await client.post("/v1/admin/api_keys", json=body, headers=headers)
         assert forged.status_code == 403, headers
         assert forged.json()["error"]["code"] == "csrf_token_invalid"
-    created = await client.post("/v1/admin/api_keys", json=body, headers={"x-csrf-token": csrf})
+    with caplog.at_level(logging.INFO, logger="inferflux.api.admin.changes"):
+        created = await client.post(
+            "/v1/admin/api_keys", json=body, headers={"x-csrf-token": csrf}
+        )
     assert created.status_code == 201
+    # audited with the actor of the key that signed in, as a header call would be
+    assert f"admin change by api_key:ops: api_key.create:{created.json()['id']}" in caplog.text
     listed = (await client.get("/v1/admin/api_keys")).json()["data"]
     assert [k["name"] for k in listed].count("forged") == 1  # only the one with the token
 
