@@ -155,7 +155,9 @@ class CookieSessions:
     path: str
 
     def is_public(self, path: str, method: str) -> bool:
-        """The console's page, its static files, and sign-in: served without a session."""
+        """The console's page, its static files, and sign-in: served without a session
+        (with or without a trailing slash, which the app strips later)."""
+        path = path.rstrip("/") or "/"
         if path == self.path or path.startswith(self.path + "/static/"):
             return method in SAFE_METHODS
         return path == self.path + "/session" and method == "POST"

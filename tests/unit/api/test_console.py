@@ -136,9 +136,7 @@ async def test_state_changing_calls_need_the_csrf_header(console, caplog):
         assert forged.status_code == 403, headers
         assert forged.json()["error"]["code"] == "csrf_token_invalid"
     with caplog.at_level(logging.INFO, logger="inferflux.api.admin.changes"):
-        created = await client.post(
-            "/v1/admin/api_keys", json=body, headers={"x-csrf-token": csrf}
-        )
+        created = await client.post("/v1/admin/api_keys", json=body, headers={"x-csrf-token": csrf})
     assert created.status_code == 201
     # audited with the actor of the key that signed in, as a header call would be
     assert f"admin change by api_key:ops: api_key.create:{created.json()['id']}" in caplog.text
@@ -202,6 +200,17 @@ async def test_another_console_path_and_auth_off():
             signed = await client.post("/console/session", json={"api_key": "anything"})
             assert signed.json()["auth_enabled"] is False
             assert "set-cookie" not in signed.headers
+
+
+async def test_under_tls_the_cookie_is_secure(tmp_path):
+    tls = {"enabled": True, "cert_path": str(tmp_path / "c.pem"), "key_path": str(tmp_path / "k")}
+    app = build({"auth": {"api_keys": KEYS}, "server": {"tls": tls}})
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="https://test") as client:
+            answer = await client.post("/ui/session", json={"api_key": ADMIN_KEY})
+            assert "secure" in answer.headers["set-cookie"].lower()
+            assert (await client.get("/ui/")).status_code == 200  # the trailing slash too
 
 
 def test_the_console_path_must_not_shadow_the_api():

@@ -115,6 +115,7 @@ def test_public_paths_are_the_page_its_files_and_sign_in():
     assert cookies.is_public("/ui", "GET")
     assert cookies.is_public("/ui/static/app.js", "GET")
     assert cookies.is_public("/ui/session", "POST")
+    assert cookies.is_public("/ui/", "GET") and cookies.is_public("/ui/session/", "POST")
     assert not cookies.is_public("/ui/session", "GET")  # who am I: needs the cookie
     assert not cookies.is_public("/ui/session", "DELETE")
     assert not cookies.is_public("/ui", "POST")
