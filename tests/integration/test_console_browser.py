@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -68,7 +68,10 @@ class Console:
 
     def wait(self, condition: Callable[[WebDriver], object], timeout_s: float = 30.0) -> object:
         try:
-            return WebDriverWait(self.driver, timeout_s, poll_frequency=0.1).until(condition)
+            # NOTE: polling pages re-render: an element found a moment ago may be gone
+            ignored = [StaleElementReferenceException]
+            wait = WebDriverWait(self.driver, timeout_s, 0.1, ignored_exceptions=ignored)
+            return wait.until(condition)
         except TimeoutException:
             logs = self.driver.get_log("browser")
             raise AssertionError(f"timed out; browser console: {logs[-10:]}") from None
@@ -77,7 +80,10 @@ class Console:
         return self.driver.find_element(By.CSS_SELECTOR, css)
 
     def text(self, css: str) -> str:
-        return self.find(css).text
+        """The rendered text of `css`, read in one step (no stale element in between)."""
+        return self.driver.execute_script(
+            "return document.querySelector(arguments[0]).innerText", css
+        )
 
     def shot(self, name: str) -> None:
         self.driver.save_screenshot(str(self.shots / f"{name}.png"))
@@ -228,9 +234,7 @@ def test_the_dashboard_updates(console):
             timeout=60,
         )
         assert reply.status_code == 200
-    console.wait(
-        lambda d: int(d.find_element(By.CSS_SELECTOR, "#dash-requests .value").text) > before
-    )
+    console.wait(lambda d: int(console.text("#dash-requests .value")) > before)
     refreshes = int(console.find("#dash-updated").get_attribute("data-refreshes"))
     console.wait(
         lambda d: (
@@ -292,6 +296,7 @@ def test_live_requests_and_usage_pages(console):
     console.sign_in(ADMIN_KEY)
     console.open("requests")
     console.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#rq-rows tbody tr"))
+    console.find("#rq-auto").click()  # stop the auto-refresh: the rows stay put
     assert "chat" in console.text("#rq-rows")  # the model column
     console.driver.find_element(By.CSS_SELECTOR, "#rq-rows tbody tr a").click()
     console.wait(lambda d: "redacted" in d.find_element(By.ID, "rq-detail").text)

@@ -58,7 +58,7 @@ from inferflux.security.oidc import OidcVerifier, TokenRejected
 from inferflux.security.policy import ApiKeyRecord, Policy, PolicySource
 from inferflux.security.principal import ANONYMOUS, Principal, Scope
 from inferflux.security.rbac import UNAUTHENTICATED
-from inferflux.security.sessions import CookieSessions, csrf_ok
+from inferflux.security.sessions import CookieSessions, Session, csrf_ok
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class AuthenticationMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            principal = await self._principal(scope)
+            principal, session = await self._principal(scope)
         except (Unauthorized, PermissionDenied) as exc:
             if scope["type"] == "websocket":
                 await _refuse_handshake(exc, scope, receive, send)
@@ -261,37 +261,45 @@ class AuthenticationMiddleware:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(tenant_token)
+            if session is not None and self.sessions is not None:
+                # NOTE: a long request (a model swap) is activity too: the idle timer
+                # restarts at its end, not only at its start
+                self.sessions.store.touch(session)
 
-    async def _principal(self, scope: AsgiScope) -> Principal:
+    async def _principal(self, scope: AsgiScope) -> tuple[Principal, Session | None]:
+        """The request's principal, and the console session it came from (if any)."""
         if not self.authenticator.enabled:
             # Auth off: anonymous, unless a layer outside set a principal (tests that act
             # as distinct keys and tenants; nothing in the server does).
             preset = context_of(scope).principal
-            return preset if preset is not None else ANONYMOUS
+            return (preset if preset is not None else ANONYMOUS), None
         path = scope.get("path", "")
         sessions = self.sessions
         if path in self.public_paths or (
             sessions is not None and sessions.is_public(path, scope.get("method", ""))
         ):
-            return UNAUTHENTICATED
+            return UNAUTHENTICATED, None
         if _credential_in_query(scope.get("query_string", b"")):
             raise Unauthorized(
                 "credentials in the URL are refused (URLs end up in logs and browser "
                 "history): send Authorization: Bearer <key> or x-api-key"
             )
         credentials = bearer_credentials(scope["headers"])
-        principal = self._session_principal(scope, credentials)
+        found = self._session_principal(scope, credentials)
+        principal, session = found if found else (None, None)
         if principal is None:
             principal = await self.authenticator.authenticate(credentials)
         needed = self.path_scopes.get(path)
         if needed is not None and not principal.has_scope(needed):
             raise PermissionDenied(f"'{principal.subject}' lacks the '{needed}' scope")
-        return principal
+        return principal, session
 
-    def _session_principal(self, scope: AsgiScope, credentials: Credentials) -> Principal | None:
-        """The console session's principal; None when the request sends a key or token
-        (it wins) or no session cookie. Raises Unauthorized (no such session, a WebSocket,
-        the key revoked) or CsrfRejected."""
+    def _session_principal(
+        self, scope: AsgiScope, credentials: Credentials
+    ) -> tuple[Principal, Session] | None:
+        """The console session's principal and the session; None when the request sends a
+        key or token (it wins) or no session cookie. Raises Unauthorized (no such session,
+        a WebSocket, the key revoked) or CsrfRejected."""
         sessions = self.sessions
         if sessions is None or credentials != Credentials():
             return None
@@ -311,7 +319,7 @@ class AuthenticationMiddleware:
         if principal is None:
             sessions.store.close(session_id)
             raise Unauthorized("the key this console session signed in with is revoked or expired")
-        return principal
+        return principal, session
 
 
 async def _refuse_handshake(

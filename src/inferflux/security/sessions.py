@@ -116,6 +116,11 @@ class SessionStore:
         self._sessions.move_to_end(key)
         return session
 
+    def touch(self, session: Session) -> None:
+        """Restart `session`'s idle timer (a request made with it just ended). Harmless on
+        a session already closed: it is no longer in the store."""
+        session.last_used_at = self._clock()
+
     def close(self, session_id: str) -> bool:
         """Sign out: drop the session. False when there was none."""
         return self._sessions.pop(_key(session_id), None) is not None

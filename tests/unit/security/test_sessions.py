@@ -54,6 +54,17 @@ def test_idle_timeout_restarts_on_each_use():
     assert len(store) == 0  # dropped once found expired
 
 
+def test_touch_restarts_the_idle_timer_at_the_end_of_a_long_request():
+    clock = Clock()
+    store = make_store(clock, idle_s=60)
+    opened = store.open(ALICE)
+    session = store.find(opened.session_id)
+    clock.now += 100  # a model swap that took longer than the idle timeout
+    store.touch(session)
+    clock.now += 59
+    assert store.find(opened.session_id) is session
+
+
 def test_absolute_timeout_ends_a_busy_session():
     clock = Clock()
     store = make_store(clock, idle_s=60, absolute_s=120)
