@@ -3,10 +3,13 @@
 Reads the API process's `UsageLedger` (observability/usage.py: per-minute buckets over the
 last 24 h, bounded rows). `window` is one of `WINDOWS`; `group_by` a comma-separated
 subset of key, tenant, model (default all three). The answer also holds the per-minute
-totals of the window (`series`), for a chart. Admin-only, like the rest of /v1/admin.
+totals of the window (`series`) and the server's clock (`now`), for a chart.
+Admin-only, like the rest of /v1/admin.
 """
 
 from __future__ import annotations
+
+import time
 
 from fastapi import APIRouter
 
@@ -50,6 +53,7 @@ async def get_usage(
     return {
         "object": "usage",
         "window": window,
+        "now": int(time.time()),
         "group_by": list(fields),
         "data": [
             {"key": r.key, "tenant": r.tenant, "model": r.model, **_counts_json(r.counts)}

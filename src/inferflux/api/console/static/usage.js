@@ -2,6 +2,25 @@
 import { get } from "./api.js";
 import { fill, h, status, table } from "./dom.js";
 
+const WINDOW_MINUTES = { "5m": 5, "1h": 60, "24h": 1440 };
+const MAX_BARS = 120;
+
+/** One bar per minute of the window (per few minutes past MAX_BARS), empty ones too. */
+function bars(data) {
+  const span = WINDOW_MINUTES[data.window];
+  const per = Math.ceil(span / MAX_BARS);
+  const slots = Array.from({ length: Math.ceil(span / per) }, () => ({ tokens: 0, requests: 0 }));
+  const last = Math.floor(data.now / 60);
+  for (const m of data.series) {
+    const index = slots.length - 1 - Math.floor((last - m.minute / 60) / per);
+    if (index >= 0 && index < slots.length) {
+      slots[index].tokens += m.total_tokens;
+      slots[index].requests += m.requests;
+    }
+  }
+  return { slots, per };
+}
+
 export function usagePage(main) {
   const windowSel = h("select", { id: "us-window" }, ["5m", "1h", "24h"].map((w) => h("option", { value: w, selected: w === "1h" }, w)));
   const groupSel = h("select", { id: "us-group" },
@@ -23,14 +42,20 @@ export function usagePage(main) {
         ["Completion tokens", (r) => String(r.completion_tokens)],
         ["Total tokens", (r) => String(r.total_tokens)],
       ], data.data, { id: "us-rows" }));
-      const peak = Math.max(1, ...data.series.map((m) => m.total_tokens));
-      fill(chart, data.series.map((m) => {
-        const bar = h("span", { class: "bar", title: `${new Date(m.minute * 1000).toLocaleTimeString()}: ${m.total_tokens} tokens, ${m.requests} requests` });
-        bar.style.height = `${Math.max(2, (100 * m.total_tokens) / peak)}%`;
-        return bar;
-      }));
+      drawChart(data);
       line.ok(data.data.length ? "" : "No requests in this window.");
     } catch (err) { line.error(err); }
+  }
+
+  function drawChart(data) {
+    const { slots, per } = bars(data);
+    const peak = Math.max(1, ...slots.map((b) => b.tokens));
+    fill(chart, slots.map((b, i) => {
+      const ago = (slots.length - 1 - i) * per;
+      const bar = h("span", { class: "bar", title: `${ago} min ago: ${b.tokens} tokens, ${b.requests} requests` });
+      bar.style.height = `${b.tokens ? Math.max(2, (100 * b.tokens) / peak) : 0}%`;
+      return bar;
+    }));
   }
 
   windowSel.addEventListener("change", refresh);
