@@ -126,7 +126,9 @@ def _browser() -> WebDriver:
         pytest.fail("chromium and chromium-driver are not installed: run `make setup`")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    flags = ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu")
+    quiet = ("--disable-extensions", "--disable-background-networking", "--no-first-run")
+    for flag in (*flags, *quiet):
         options.add_argument(flag)
     options.add_argument("--window-size=1200,800")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -1,5 +1,6 @@
 // Dashboard: polls GET /server/stats and GET /metrics every POLL_S seconds (2 calls per
-// refresh, never overlapping: the next poll starts only after both answered).
+// refresh, never overlapping: the next poll starts only after both answered; none while
+// the tab is hidden).
 import { get } from "./api.js";
 import { fill, fmt, h, status, table } from "./dom.js";
 
@@ -50,6 +51,10 @@ export function dashboardPage(main) {
   let previous = null, timer = null, stopped = false, refreshes = 0;
 
   async function refresh() {
+    if (document.hidden) { // a background tab makes no calls
+      timer = setTimeout(refresh, POLL_S * 1000);
+      return;
+    }
     try {
       const [stats, text] = await Promise.all([
         get("/server/stats"),
