@@ -189,6 +189,10 @@ class EngineCore:
         self._stats.num_steps += 1
         deltas.extend(self._update_from_output(chunks, rows))
         self._recorder.on_step_done(chunks, output.num_tokens, started_at)
+        decoding = sum(1 for c in chunks if c.sample and len(c.token_ids) == 1)
+        self.scheduler.observe_step(
+            decoding, output.num_tokens - decoding, time.monotonic() - started_at
+        )
         return deltas
 
     def take_step_stats(self) -> StepStats | None:
