@@ -215,6 +215,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_generated_tokens_total: int = 0
     kv_cells_used: int = 0
     kv_cells_total: int = 0
+    decode_failures: int = 0  # failed llama_decode calls (each retried smaller: REQ-9.3)
     waiting_by_priority: dict[str, int] = msgspec.field(default_factory=dict)
     fairness: FairnessStats = msgspec.field(default_factory=FairnessStats)
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off

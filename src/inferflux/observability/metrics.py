@@ -103,6 +103,8 @@ class EngineStatsView(Protocol):
     @property
     def kv_cells_total(self) -> int: ...
     @property
+    def decode_failures(self) -> int: ...
+    @property
     def waiting_by_priority(self) -> Mapping[str, int]: ...
     @property
     def fairness(self) -> FairnessView: ...
@@ -522,6 +524,12 @@ def _scheduler(stats: list[EngineStatsView]) -> Iterator[Metric]:
         "inferflux_kv_usage_ratio", "kv_cells_used / kv_cells_total (0 before load)",
         used / total if total else 0.0,
     )  # fmt: skip
+    yield _counter(
+        "inferflux_decode_failures",
+        "llama_decode calls that failed (no KV room or an error); the step was retried "
+        "after evicting the prefix cache and splitting the batch",
+        sum(s.decode_failures for s in stats),
+    )
 
 
 def _fairness(f: list[FairnessView]) -> Iterator[Metric]:
