@@ -277,6 +277,15 @@ class SchedulerSettings(_Section):
         "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
         "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
     )
+    memory_low_mb: int = Field(
+        256,
+        ge=0,
+        le=1_048_576,
+        description="Memory pressure: while the host (or the container's cgroup limit) "
+        "has less than this many MB available, each worker admits half as many sequences, "
+        "halves its step budget, and evicts its prefix cache when the episode begins; "
+        "inferflux_memory_pressure says so. 0 = never.",
+    )
     stream_interval: int = Field(
         1,
         ge=1,

@@ -16,6 +16,7 @@ from typing import Any
 
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
@@ -90,6 +91,7 @@ class EngineCore:
         self._stats = EngineStats(kv_cells_total=backend.n_ctx_total)
         self._recorder = StepRecorder()
         self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
+        self.memory = MemoryWatch()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._deferred)
@@ -169,6 +171,7 @@ class EngineCore:
         """Run one step: one llama_decode over every scheduled chunk; one delta per
         request that produced text, a token, or finished."""
         started_at = time.monotonic()
+        self._watch_memory(started_at)
         deltas = self._admit_deferred()
         output = self.scheduler.schedule()
         deltas.extend(self._timed_out(r) for r in output.timed_out)
@@ -223,6 +226,23 @@ class EngineCore:
             return True
         chunk.request.num_computed_tokens = 0
         return False
+
+    def _watch_memory(self, now: float) -> None:
+        """Memory pressure (REQ-9.5): the scheduler halves admissions and its step budget
+        while host memory is below `memory_low_bytes`, and the prefix cache is evicted
+        when an episode begins."""
+        was = self.memory.pressure
+        pressure = self.memory.poll(now, self.scheduler.policy.memory_low_bytes)
+        self.scheduler.memory_pressure = pressure
+        if pressure and not was:
+            logger.warning(
+                "memory pressure: %s bytes available; halving admissions and the step budget, "
+                "evicting the prefix cache",
+                self.memory.available,
+            )
+            self._evict_prefix_cache()
+        elif was and not pressure:
+            logger.info("memory pressure over: %s bytes available", self.memory.available)
 
     def _evict_prefix_cache(self) -> bool:
         """Free the KV of every prefix-cache entry; False if there was none."""
@@ -409,6 +429,11 @@ class EngineCore:
             kv_cells_used=sum(r.num_computed_tokens for r in self.scheduler.running),
             kv_cells_total=s.kv_cells_total,
             decode_failures=s.decode_failures,
+            memory_pressure=self.memory.pressure,
+            memory_pressure_episodes=self.memory.episodes,
+            host_memory_available_bytes=(
+                self.memory.available if self.memory.available is not None else -1
+            ),
             waiting_by_priority={
                 p.name.lower(): n for p, n in self.scheduler.num_waiting_by_class().items()
             },

@@ -81,6 +81,9 @@ class SchedulingPolicy:
     # > 0: while sequences decode, a step carries only the prompt tokens that keep its
     # expected time under this (stall-free batching); 0 = the whole token budget.
     itl_target_s: float = 0.0
+    # Host memory below this many bytes = memory pressure: half the admissions and step
+    # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
+    memory_low_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -142,6 +145,7 @@ class Scheduler:
         self.clock = clock
         self.counters = FairnessCounters()
         self.step_cost = StepCostModel()  # fed by EngineCore with every step's time
+        self.memory_pressure = False  # set by EngineCore: half admissions and budget
         self.queues: dict[PriorityClass, deque[Request]] = {p: deque() for p in PriorityClass}
         self.running: list[Request] = []
         self._requests: dict[RequestId, Request] = {}
@@ -242,7 +246,7 @@ class Scheduler:
             return SchedulerOutput(chunks=[], num_tokens=0, timed_out=timed_out, wait_s=wait_s)
         kv_ops: list[KvOp] = []
         preempted = self._make_room(now, kv_ops)
-        budget = self.max_batch_tokens
+        budget = self.max_batch_tokens // 2 if self.memory_pressure else self.max_batch_tokens
         chunks: list[ScheduledChunk] = []
         prefilling: list[Request] = []
         for request in self.running:
@@ -301,6 +305,8 @@ class Scheduler:
 
     def _can_admit(self, request: Request) -> bool:
         if not self._free_seq_ids:
+            return False
+        if self.memory_pressure and len(self.running) >= max(1, self.max_num_seqs // 2):
             return False
         if self.kv_capacity is None:
             return True

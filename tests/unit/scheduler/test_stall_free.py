@@ -119,3 +119,24 @@ def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
     )
     sched.add(make_request("long", 2000))
     assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]
+
+
+def test_memory_pressure_halves_the_step_budget_and_admissions() -> None:
+    sched = Scheduler(max_num_seqs=4, max_batch_tokens=64, kv_capacity=None)
+    sched.memory_pressure = True
+    for i in range(4):
+        sched.add(make_request(f"r{i}", 40))
+    out = sched.schedule()
+    # half the budget (32 tokens), and at most 2 of the 4 slots
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("r0", 32)]
+    complete(out)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("r0", 8),
+        ("r1", 24),
+    ]
+    complete(out)
+    assert sched.num_running == 2 and sched.num_waiting == 2
+    sched.memory_pressure = False
+    sched.schedule()
+    assert sched.num_running == 4

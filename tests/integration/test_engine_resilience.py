@@ -1,7 +1,13 @@
-"""A llama_decode without KV room fails no request by itself (REQ-9.2, REQ-9.3): on the real
-backend, with a KV cache smaller than the scheduler believes (its accounting is turned off:
-the fault), the step is retried after evicting the prefix cache, then split, and only a
-request that cannot fit even alone fails, with `kv_cache_full`."""
+"""The engine under memory faults, on the real backend.
+
+- A llama_decode without KV room fails no request by itself (REQ-9.2, REQ-9.3): with a KV
+  cache smaller than the scheduler believes (its accounting is turned off: the fault), the
+  step is retried after evicting the prefix cache, then split, and only a request that
+  cannot fit even alone fails, with `kv_cache_full`.
+- Memory pressure (REQ-9.5): with a low mark above what the host really has, the engine
+  reads the real available memory, evicts its prefix cache, and admits half as many
+  sequences with half the step budget.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
 from inferflux.scheduler import Scheduler
 from inferflux.scheduler.prefix_cache import PrefixCache
+from inferflux.scheduler.scheduler import SchedulingPolicy
 
 pytestmark = pytest.mark.model
 
@@ -36,14 +43,18 @@ def _prompt(tok: LlamaTokenizer, n_tokens: int, topic: str) -> list[int]:
     return tokens[:n_tokens]
 
 
-def _core(path: str, *, cache_slots: int = 0) -> EngineCore:
+def _core(path: str, *, cache_slots: int = 0, policy: SchedulingPolicy | None = None) -> EngineCore:
     """256 shared KV cells (4 sequences × 64), a scheduler that does not count cells."""
     backend = LlamaCppBackend(ContextConfig(path, 64, 4, 256, 2, 2, True))
     assert backend.n_ctx_total == 256
     running = 4 - cache_slots
     cache = PrefixCache(list(range(running, 4)), max_tokens=256) if cache_slots else None
     scheduler = Scheduler(
-        max_num_seqs=running, max_batch_tokens=256, kv_capacity=None, prefix_cache=cache
+        max_num_seqs=running,
+        max_batch_tokens=256,
+        kv_capacity=None,
+        prefix_cache=cache,
+        policy=policy,
     )
     return EngineCore(backend, scheduler)
 
@@ -111,5 +122,37 @@ def test_no_kv_room_evicts_the_prefix_cache_and_retries_the_step(
         second = _run(core, [_request("second", _prompt(tokenizer, 150, "Bridge"))])
         assert second["second"][-1].finish_reason is FinishReason.LENGTH
         assert core.stats().decode_failures == 1
+    finally:
+        core.close()
+
+
+def test_memory_pressure_evicts_the_cache_and_halves_admissions_and_budget(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    core = _core(smollm2_model_path, cache_slots=1)  # 3 running slots, 1 cache slot
+    try:
+        _run(core, [_request("warm", _prompt(tokenizer, 40, "Budget"), 2)])
+        assert core.stats().prefix_cache.entries == 1  # type: ignore[union-attr]
+        # Every byte the host has is "too little": pressure from the next reading on.
+        core.scheduler.policy = SchedulingPolicy(memory_low_bytes=1 << 60)
+        core.memory.interval_s = 0.0  # read at every step (1 s in service)
+        for i in range(3):
+            core.add_request(_request(f"r{i}", _prompt(tokenizer, 20, f"Topic {i}"), 4))
+        core.step()
+        stats = core.stats()
+        assert stats.memory_pressure and stats.memory_pressure_episodes == 1
+        assert stats.host_memory_available_bytes > 0  # read from this host
+        assert stats.prefix_cache is not None and stats.prefix_cache.entries == 0
+        assert stats.num_running == 1 and stats.num_waiting == 2  # max(1, 3 // 2)
+        while core.has_work():
+            core.step()
+        # the pressure ends with the low mark back at a value the host has
+        core.scheduler.policy = SchedulingPolicy(memory_low_bytes=1)
+        for i in range(3):
+            core.add_request(_request(f"s{i}", _prompt(tokenizer, 20, f"Topic {i}"), 4))
+        core.step()
+        assert not core.stats().memory_pressure and core.stats().num_running == 3
+        while core.has_work():
+            core.step()
     finally:
         core.close()
