@@ -47,7 +47,7 @@ def test_the_prompt_budget_never_predicts_a_step_over_the_target(
     assert budget >= 0
     if budget > 0:
         assert model.predict_s(decoding, budget) <= target_s + 1e-9
-        assert model.predict_s(decoding, budget + 1) > target_s
+        assert model.predict_s(decoding, budget + 1) > target_s - 1e-9  # the largest such
 
 
 def _decoding_scheduler(itl_target_s: float, n_decoding: int = 4) -> Scheduler:
