@@ -30,6 +30,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   └── ShuttingDown                503 shutting_down (SIGTERM: draining, or a stream cut)
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
+    │   ├── KvCacheFull                 503 kv_cache_full (no KV room, even alone in a step)
     │   └── EngineDeadError             500 worker_died (its worker process died)
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
@@ -261,6 +262,18 @@ class EngineError(InferfluxError):
     """A request failed inside the engine; other requests in the batch go on."""
 
     code = "engine_error"
+
+
+class KvCacheFull(EngineError):
+    """llama_decode found no KV room for a request even alone in a step (after the prefix
+    cache was evicted and the batch split): the worker is short of memory; retry later."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "kv_cache_full"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "2"}
 
 
 class EngineDeadError(EngineError):

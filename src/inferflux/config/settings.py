@@ -266,6 +266,26 @@ class SchedulerSettings(_Section):
         "requests arriving together share one prefill batch. 0 = dispatch at once (while "
         "the engine runs, new requests join the next step anyway).",
     )
+    itl_target_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="Stall-free batching: while sequences are decoding, a step carries "
+        "only the prompt tokens that keep its expected time (learned from measured steps) "
+        "under this many ms, so a long prompt being admitted no longer freezes every "
+        "stream for one long step; a high-priority prompt may take twice the share, and "
+        "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
+        "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
+    )
+    memory_low_mb: int = Field(
+        256,
+        ge=0,
+        le=1_048_576,
+        description="Memory pressure: while the host (or the container's cgroup limit) "
+        "has less than this many MB available, each worker admits half as many sequences, "
+        "halves its step budget, and evicts its prefix cache when the episode begins; "
+        "inferflux_memory_pressure says so. 0 = never.",
+    )
     stream_interval: int = Field(
         1,
         ge=1,
