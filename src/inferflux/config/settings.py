@@ -16,6 +16,11 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.kv_settings import (
+    KvPersistenceSettings,
+    NvmeOffloadSettings,
+    PagedKvSettings,
+)
 from inferflux.config.manifest import QuantizationLevel, check_model_url
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
@@ -187,6 +192,13 @@ class RuntimeSettings(_Section):
         "its in-flight requests for at most this long; what is left then ends with a "
         "worker_died error (unstarted requests go to other workers).",
     )
+    nvme_offload: NvmeOffloadSettings = Field(
+        default_factory=NvmeOffloadSettings  # type: ignore[arg-type]
+    )
+    paged_kv: PagedKvSettings = Field(default_factory=PagedKvSettings)  # type: ignore[arg-type]
+    kv_persistence: KvPersistenceSettings = Field(
+        default_factory=KvPersistenceSettings  # type: ignore[arg-type]
+    )
 
 
 class FairnessSettings(_Section):
@@ -231,6 +243,14 @@ class PrefixCacheSettings(_Section):
         le=1_000_000,
         description="Shorter matches count as misses (copying KV costs about as much as "
         "prefilling a few tokens).",
+    )
+    tenant_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Per-tenant quota of cached tokens (each cache namespace: model, "
+        "adapter, tenant), in the llama.cpp slots and again in the host and disk tiers: "
+        "a namespace over it evicts its own least recently used entries, never others'. "
+        "Unset: no quota.",
     )
 
 

@@ -14,13 +14,17 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
+
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
     FairnessStats,
     FinishReason,
+    KvTierStats,
     PrefixCacheStats,
     Priority,
     RequestDelta,
@@ -31,7 +35,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.step_recorder import StepRecorder
 from inferflux.errors import ConstraintFailed, EngineError
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
-from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
+from inferflux.scheduler.request import KvFree, KvOp, KvRestore, PriorityClass
 
 _PRIORITY_CLASS = {
     Priority.HIGH: PriorityClass.HIGH,
@@ -81,9 +85,12 @@ def sampler_spec(params: SamplingParams) -> SamplerSpec:
 class EngineCore:
     """Continuous batching over one backend. Every method mutates; call from one thread."""
 
-    def __init__(self, backend: ModelBackend, scheduler: Scheduler) -> None:
+    def __init__(
+        self, backend: ModelBackend, scheduler: Scheduler, kv_offload: KvOffload | None = None
+    ) -> None:
         self.backend = backend
         self.scheduler = scheduler
+        self.kv_offload = kv_offload  # the prefix cache's host/disk tiers (kv_offload.py)
         self._states: dict[RequestId, _SequenceState] = {}
         # constrained requests held back until the backend can build their samplers
         self._deferred: list[AddRequest] = []
@@ -187,6 +194,8 @@ class EngineCore:
             deltas.extend(self._finish(c.request, FinishReason.ERROR, "", str(exc)) for c in chunks)
             return deltas
         self._stats.num_steps += 1
+        if self.kv_offload is not None:
+            self.kv_offload.observe_step(output.num_tokens, time.monotonic() - started_at)
         deltas.extend(self._update_from_output(chunks, rows))
         self._recorder.on_step_done(chunks, output.num_tokens, started_at)
         return deltas
@@ -220,9 +229,17 @@ class EngineCore:
         from the start, from the next step on. Returns those requests (this step's chunks
         of theirs assumed the copied KV)."""
         recompute: set[RequestId] = set()
+        if self.kv_offload is not None:
+            self.kv_offload.spill_pending()  # evicted entries, before their slots change
         for op in ops:
             if isinstance(op, KvFree):
                 self.backend.free_seq(op.seq_id)
+            elif isinstance(op, KvRestore):
+                if self.kv_offload is None or not self.kv_offload.restore(
+                    op.key, op.dst, op.n_tokens
+                ):
+                    self.scheduler.cache_copy_failed(op.request)  # restore() logged why
+                    recompute.add(op.request.request_id)
             elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
                 continue
             elif op.request is not None:
@@ -367,11 +384,14 @@ class EngineCore:
             },
             fairness=_fairness_stats(self.scheduler),
             prefix_cache=_prefix_stats(self.scheduler),
+            kv_tiers=_tier_stats(self.kv_offload),
         )
 
     def close(self) -> None:
         """Abort everything and free the backend."""
         self.abort_requests(self.request_ids())
+        if self.kv_offload is not None:
+            self.kv_offload.close(self.scheduler.prefix_cache)  # the final snapshot
         self.backend.close()
 
 
@@ -402,6 +422,10 @@ def _prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
         cached_tokens=cache.cached_tokens,
         max_tokens=cache.max_tokens,
     )
+
+
+def _tier_stats(offload: KvOffload | None) -> KvTierStats | None:
+    return msgspec.structs.replace(offload.stats) if offload is not None else None
 
 
 def _scores_prompt(chunk: ScheduledChunk, state: _SequenceState) -> bool:

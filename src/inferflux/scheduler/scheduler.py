@@ -38,11 +38,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferflux.scheduler.lower_tiers import LowerTiers
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
     KvFree,
     KvOp,
+    KvRestore,
     PriorityClass,
     Request,
     RequestId,
@@ -110,6 +112,7 @@ class Scheduler:
         self._free_seq_ids: list[int] = list(range(max_num_seqs))
         self._reserved_cells = 0
         self._last_timeout_scan = float("-inf")
+        self.lower_tiers: LowerTiers | None = None  # host/disk tiers (engine/kv_offload.py)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -276,12 +279,24 @@ class Scheduler:
         tokens = request.prompt_token_ids + request.output_token_ids
         # At least one token must be computed: its logits give the next sample.
         match = cache.match(request.cache_namespace, tokens, max_length=len(tokens) - 1)
-        if match is None:
+        lower = self.lower_tiers
+        hit = None if lower is None else lower.match(
+            request.cache_namespace,
+            tokens,
+            max_length=len(tokens) - 1,
+            have=match.length if match is not None else 0,
+        )  # fmt: skip
+        if hit is not None:
+            kv_ops.append(KvRestore(hit.key, seq_id, hit.length, request))
+            length = hit.length
+        elif match is not None:
+            kv_ops.append(KvCopy(SeqId(match.slot), seq_id, match.length, request=request))
+            length = match.length
+        else:
             return
-        kv_ops.append(KvCopy(SeqId(match.slot), seq_id, match.length, request=request))
-        request.num_computed_tokens = match.length
+        request.num_computed_tokens = length
         if not request.num_preemptions:
-            request.num_cached_tokens = min(match.length, request.num_prompt_tokens)
+            request.num_cached_tokens = min(length, request.num_prompt_tokens)
 
     def cache_copy_failed(self, request: Request) -> None:
         """The KV copy of a hit failed: compute the request from scratch instead."""

@@ -412,6 +412,34 @@ class LlamaCppBackend:
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         return False
 
+    # -- sequence state (engine/kv_state.py wraps these bytes) --------------------------
+    def kv_layout(self) -> dict[str, int | bool | str]:
+        """What sequence-state bytes depend on besides the weights (kv_state.py header)."""
+        return kv_layout(self._model, self.config)
+
+    def save_seq(self, seq_id: int) -> bytes:
+        """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`)."""
+        size = ll.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+        return ctypes.string_at(buf, n)
+
+    def load_seq(self, seq_id: int, data: bytes, n_tokens: int) -> bool:
+        """`seq_id` := the state in `data`, cut to its first `n_tokens` positions. False
+        (and `seq_id` empty) when llama.cpp refused the bytes or they held fewer positions:
+        a restore never silently does nothing."""
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id) == 0:
+            ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return False
+        pos_max = ll.llama_memory_seq_pos_max(self._memory, seq_id)
+        pos_min = ll.llama_memory_seq_pos_min(self._memory, seq_id)
+        if pos_max + 1 < n_tokens or pos_min > 0:
+            ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return False
+        return pos_max + 1 == n_tokens or self.trim_seq(seq_id, n_tokens)
+
     def kv_cells_used(self, seq_ids: list[int]) -> int:
         """Cells held by `seq_ids` (positions 0..pos_max of each)."""
         return sum(ll.llama_memory_seq_pos_max(self._memory, s) + 1 for s in seq_ids)
@@ -475,3 +503,19 @@ class _NumpyBatch:
             n = end
         self.struct.n_tokens = n
         return rows
+
+
+def kv_layout(model: Any, config: ContextConfig) -> dict[str, int | bool | str]:  # Any: model*
+    """The context settings that sequence-state bytes depend on (the weights and LoRA
+    adapters are named by the blob's model id instead)."""
+    params = ll.llama_context_default_params()  # NOTE: _init_context leaves these at default
+    return {
+        "n_ctx_per_seq": config.n_ctx_per_seq,
+        "n_layer": ll.llama_model_n_layer(model),
+        "n_embd": ll.llama_model_n_embd(model),
+        "n_swa": ll.llama_model_n_swa(model),
+        "swa_full": bool(params.swa_full),
+        "type_k": int(params.type_k),
+        "type_v": int(params.type_v),
+        "kv_unified": config.kv_unified,
+    }
