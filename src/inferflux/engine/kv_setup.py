@@ -24,6 +24,7 @@ from inferflux.engine.kv_offload import KvOffload, KvStateBackend, OffloadConfig
 from inferflux.engine.kv_state import Layout
 from inferflux.engine.kv_tiers import KvTierStore
 from inferflux.engine.model_verify import sha256_of_path
+from inferflux.errors import ModelLoadError
 from inferflux.scheduler.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ def model_identity(
 ) -> str:
     """The model's SHA-256 (hashed now when the config names none; cached in `cache_dir`
     by path, size and mtime) plus its LoRA adapters' digests and scales."""
+    try:
+        return _identity(model_path, sha256, adapters, cache_dir)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"the KV cache tiers cannot identify the model ({exc}): check "
+            "runtime.nvme_offload.path is a writable folder"
+        ) from None
+
+
+def _identity(
+    model_path: str, sha256: str, adapters: tuple[tuple[str, float], ...], cache_dir: Path | None
+) -> str:
     digest = sha256 or _file_digest(model_path, cache_dir)
     if not adapters:
         return digest
@@ -66,7 +79,8 @@ def _file_digest(path: str, cache_dir: Path | None) -> str:
     digest = sha256_of_path(Path(path))
     if cache_file is not None:
         cache[key] = digest
-        temp = cache_file.with_suffix(".tmp")
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        temp = cache_file.with_suffix(f".tmp-{os.getpid()}")
         temp.write_text(json.dumps(cache))
         os.replace(temp, cache_file)
     return digest
@@ -89,7 +103,12 @@ def build_kv_offload(
     disk: DiskBlobs | None = None
     if nvme.path:
         folder = Path(nvme.path) / f"{model_id[:16]}-w{worker_id}"
-        disk = DiskBlobs(folder, workers=nvme.workers, queue_depth=nvme.queue_depth)
+        try:
+            disk = DiskBlobs(folder, workers=nvme.workers, queue_depth=nvme.queue_depth)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"runtime.nvme_offload.path: cannot use {folder} ({exc}): make it writable"
+            ) from None
     store = KvTierStore(
         host_max_bytes=paged_kv.host_max_bytes,
         disk_max_bytes=nvme.max_bytes if disk is not None else 0,

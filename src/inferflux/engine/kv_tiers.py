@@ -178,6 +178,7 @@ class KvTierStore:
         if not fits_host:
             self._demote(entry)
         self._fit_host(keep=key)
+        self._sync_sizes()
         return key if key in self._entries else None
 
     def adopt(self, entry: TierEntry) -> bool:
