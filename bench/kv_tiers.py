@@ -174,14 +174,19 @@ def _summary(
     slot_hits = prefix.get("hits", 0)
     restores = tiers.get("restores", 0)
     later = [r.ttft_s for n, r in results if n >= 2 and r.ttft_s]
+    cached = sum(r.cached_tokens or 0 for _, r in results)
+    prompt = sum(r.prompt_tokens or 0 for _, r in results)
     return {
         "wall_s": round(wall, 2),
         "errors": [r.error for _, r in results if not r.ok],
+        # lookups that reused KV from a slot or a tier (a lookup can do both: a short
+        # slot match, then a longer restore; capped at 1), and reused prompt tokens
         "hit_rate": round(min(lookups, slot_hits + restores) / lookups, 3) if lookups else None,
+        "token_hit_rate": round(cached / prompt, 3) if prompt else None,
         "slot_hits": slot_hits,
         "tier_restores": restores,
-        "cached_tokens": sum(r.cached_tokens or 0 for _, r in results),
-        "prompt_tokens": sum(r.prompt_tokens or 0 for _, r in results),
+        "cached_tokens": cached,
+        "prompt_tokens": prompt,
         "ttft_turn2plus": summarize(later).as_dict() if later else None,
         "kv_tiers": tiers or None,
         "peak_rss_tree_mb": round(peak / MB, 1),

@@ -200,6 +200,15 @@ class RuntimeSettings(_Section):
         default_factory=KvPersistenceSettings  # type: ignore[arg-type]
     )
 
+    @model_validator(mode="after")
+    def _persistence_needs_a_folder(self) -> Self:
+        if self.kv_persistence.enabled and not self.nvme_offload.path:
+            raise ValueError(
+                "runtime.kv_persistence.enabled needs a folder to write to: set "
+                "runtime.nvme_offload.path (env INFERFLUX_NVME_OFFLOAD_PATH)"
+            )
+        return self
+
 
 class FairnessSettings(_Section):
     enable_preemption: bool = Field(

@@ -272,20 +272,20 @@ class Scheduler:
         self._reuse_prefix(request, seq_id, kv_ops)
 
     def _reuse_prefix(self, request: Request, seq_id: SeqId, kv_ops: list[KvOp]) -> None:
-        """On a prefix-cache hit, copy the cached KV into the request's slot."""
+        """On a prefix-cache hit, copy the cached KV into the request's slot, or restore
+        it from a lower tier when that holds a longer prefix (and is worth it)."""
         cache = self.prefix_cache
         if cache is None or not request.use_prefix_cache:
             return
         tokens = request.prompt_token_ids + request.output_token_ids
         # At least one token must be computed: its logits give the next sample.
         match = cache.match(request.cache_namespace, tokens, max_length=len(tokens) - 1)
-        lower = self.lower_tiers
-        hit = None if lower is None else lower.match(
-            request.cache_namespace,
-            tokens,
-            max_length=len(tokens) - 1,
-            have=match.length if match is not None else 0,
-        )  # fmt: skip
+        hit = None
+        if self.lower_tiers is not None:  # a longer prefix in host RAM or on disk?
+            have = match.length if match is not None else 0
+            hit = self.lower_tiers.match(
+                request.cache_namespace, tokens, max_length=len(tokens) - 1, have=have
+            )
         if hit is not None:
             kv_ops.append(KvRestore(hit.key, seq_id, hit.length, request))
             length = hit.length
