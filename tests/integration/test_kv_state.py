@@ -179,3 +179,50 @@ def test_evicted_prefix_is_restored_from_the_host_tier(
         assert cached == 0 and len(again) == 6
     finally:
         core.close()
+
+
+def test_gemma_without_full_swa_reuses_whole_entries_and_recomputes_cut_ones(
+    gemma3_model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """swa_full off: the sliding-window layers keep only the last window of a sequence.
+    A next turn (the whole cached entry) reuses it; a prompt that diverges early (the
+    entry cut before what the window kept) would attend to dropped positions, so it is
+    recomputed instead: output equal to a cold engine's either way."""
+
+    def core(swa_full: bool) -> EngineCore:
+        config = WorkerConfig(
+            worker_id=0,
+            generation=1,
+            input_address="",
+            output_address="",
+            context=ContextConfig(gemma3_model_path, 1536, 3, 512, 2, 2, False, swa_full=swa_full),
+            max_num_seqs=2,
+            max_batch_tokens=512,
+            observability=ObservabilitySettings(),
+            scheduling=SchedulerSettings.model_validate({"prefix_cache": {"slots": 1}}),
+        )
+        return build_engine_core(config)
+
+    swa = core(swa_full=False)
+    try:
+        b = swa.backend
+        assert isinstance(b, LlamaCppBackend)
+        words = _tokens(b)
+        long_prompt = (words * 20)[:1100]
+        _run(swa, "t1", long_prompt)
+        (_, _, entry), *_ = swa.scheduler.prefix_cache.entries()  # type: ignore[union-attr]
+        turn2 = entry + [words[1], words[2]]
+        warm, cached = _run(swa, "t2", turn2)
+        assert cached == len(entry)  # the whole entry: its window is intact
+        early = long_prompt[:300] + list(reversed(words))
+        with caplog.at_level(logging.WARNING):
+            cut, cut_cached = _run(swa, "t3", early)
+        assert cut_cached == 0 and "failed; computing its prompt" in caplog.text
+    finally:
+        swa.close()
+    cold = core(swa_full=True)
+    try:
+        assert _run(cold, "t2", turn2)[0] == warm
+        assert _run(cold, "t3", early)[0] == cut
+    finally:
+        cold.close()

@@ -192,6 +192,20 @@ class RuntimeSettings(_Section):
         "its in-flight requests for at most this long; what is left then ends with a "
         "worker_died error (unstarted requests go to other workers).",
     )
+    swa_full: bool = Field(
+        True,
+        description="Sliding-window layers (Gemma 3) keep a full context of KV per sequence. "
+        "False keeps only the window: much less memory, but a cached prefix shorter than "
+        "the sequence it was cut from may lack positions the window needs; such a hit is "
+        "recomputed instead (docs/kv-cache.md).",
+    )
+    kv_cache_sizing: Literal["slots", "tokens"] = Field(
+        "slots",
+        description="How the llama.cpp KV buffer is sized: `slots` gives every running and "
+        "every prefix-cache sequence a full context of cells; `tokens` (needs kv_unified) "
+        "gives the running sequences their contexts plus exactly "
+        "scheduler.prefix_cache.max_tokens cells for the cache (default: one context).",
+    )
     nvme_offload: NvmeOffloadSettings = Field(
         default_factory=NvmeOffloadSettings  # type: ignore[arg-type]
     )
@@ -199,6 +213,15 @@ class RuntimeSettings(_Section):
     kv_persistence: KvPersistenceSettings = Field(
         default_factory=KvPersistenceSettings  # type: ignore[arg-type]
     )
+
+    @model_validator(mode="after")
+    def _token_sizing_needs_unified_kv(self) -> Self:
+        if self.kv_cache_sizing == "tokens" and not self.kv_unified:
+            raise ValueError(
+                "runtime.kv_cache_sizing tokens needs one shared KV buffer: set "
+                "runtime.kv_unified true (per-sequence KV gives every sequence a full context)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _persistence_needs_a_folder(self) -> Self:

@@ -117,6 +117,10 @@ def worker_config(
     runtime, scheduler = settings.runtime, settings.scheduler
     n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
     cache_slots = scheduler.prefix_cache.slots if scheduler.prefix_cache.enabled else 0
+    n_cells = None
+    if runtime.kv_cache_sizing == "tokens":  # the running contexts + the cache's budget
+        cache_cells = scheduler.prefix_cache.max_tokens or model_info.n_ctx
+        n_cells = model_info.n_ctx * scheduler.max_num_seqs + (cache_cells if cache_slots else 0)
     context = ContextConfig(
         model_path=model_info.path,
         n_ctx_per_seq=model_info.n_ctx,
@@ -126,6 +130,8 @@ def worker_config(
         n_threads_batch=runtime.n_threads_batch or n_threads,
         kv_unified=runtime.kv_unified,
         n_gpu_layers=runtime.n_gpu_layers,
+        swa_full=runtime.swa_full,
+        n_cells=n_cells,
     )
     return WorkerConfig(
         worker_id=worker_id,
@@ -168,7 +174,11 @@ def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
     slots = min(settings.slots, config.context.n_seq_max - first)
     if not settings.enabled or slots <= 0:
         return None
-    budget = settings.max_tokens or int(0.8 * slots * config.context.n_ctx_per_seq)
+    context = config.context
+    if context.n_cells is not None:  # sized by tokens: the cells beyond the running ones
+        budget = context.n_cells - config.max_num_seqs * context.n_ctx_per_seq
+    else:
+        budget = settings.max_tokens or int(0.8 * slots * context.n_ctx_per_seq)
     return PrefixCache(
         list(range(first, first + slots)),
         max_tokens=budget,

@@ -235,6 +235,8 @@ class ContextConfig:
     kv_unified: bool
     n_gpu_layers: int = 0
     lora: tuple[tuple[str, float], ...] = ()  # (adapter path, scale), applied to the context
+    swa_full: bool = True  # False: sliding-window layers keep only the window (Gemma)
+    n_cells: int | None = None  # KV cells in all; None: n_ctx_per_seq × n_seq_max
 
 
 class LlamaCppBackend:
@@ -251,6 +253,7 @@ class LlamaCppBackend:
         if config.lora:
             self._apply_lora(config.lora)
         self._memory = ll.llama_get_memory(self._ctx)
+        self._n_swa: int = ll.llama_model_n_swa(self._model) if not config.swa_full else 0
         self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
         self.n_ctx_per_seq = config.n_ctx_per_seq
         self._batch = _NumpyBatch(config.n_batch)
@@ -266,9 +269,11 @@ class LlamaCppBackend:
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
-        # Both modes hold n_seq_max full contexts of cells; unified mode shares them.
-        n_cells = config.n_ctx_per_seq * config.n_seq_max
+        # Both modes hold n_seq_max full contexts of cells by default; unified mode shares
+        # them, and can be sized by tokens instead (runtime.kv_cache_sizing).
+        n_cells = config.n_cells or config.n_ctx_per_seq * config.n_seq_max
         params.n_ctx = n_cells
+        params.swa_full = config.swa_full
         params.n_batch = config.n_batch
         params.n_ubatch = min(config.n_batch, 512)
         params.n_seq_max = config.n_seq_max
@@ -401,9 +406,23 @@ class LlamaCppBackend:
         ll.llama_memory_seq_rm(self._memory, dst, -1, -1)
         if self.config.kv_unified:
             ll.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
+        else:
+            ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+            if not self.trim_seq(dst, n_tokens):
+                return False
+        return self._keeps_window(dst, n_tokens)
+
+    def _keeps_window(self, seq_id: int, n_tokens: int) -> bool:
+        """True when `seq_id` holds what decoding position `n_tokens` attends to. With
+        `swa_full` off a sliding-window cache keeps only the last window (and a batch) of
+        the sequence it came from, so a copy or restore cut shorter may lack positions
+        the next token needs; then the sequence is cleared and False returned (the
+        caller recomputes). NOTE: `llama_memory_seq_pos_min` reports the window's start."""
+        needed_from = max(0, n_tokens - self._n_swa) if self._n_swa else 0
+        if ll.llama_memory_seq_pos_min(self._memory, seq_id) <= needed_from:
             return True
-        ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-        return self.trim_seq(dst, n_tokens)
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        return False
 
     def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
         """Drop positions >= `n_tokens` of `seq_id`; on refusal clear the sequence."""
@@ -434,11 +453,12 @@ class LlamaCppBackend:
             ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return False
         pos_max = ll.llama_memory_seq_pos_max(self._memory, seq_id)
-        pos_min = ll.llama_memory_seq_pos_min(self._memory, seq_id)
-        if pos_max + 1 < n_tokens or pos_min > 0:
+        if pos_max + 1 < n_tokens:
             ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return False
-        return pos_max + 1 == n_tokens or self.trim_seq(seq_id, n_tokens)
+        if pos_max + 1 > n_tokens and not self.trim_seq(seq_id, n_tokens):
+            return False
+        return self._keeps_window(seq_id, n_tokens)
 
     def kv_cells_used(self, seq_ids: list[int]) -> int:
         """Cells held by `seq_ids` (positions 0..pos_max of each)."""
@@ -508,13 +528,13 @@ class _NumpyBatch:
 def kv_layout(model: Any, config: ContextConfig) -> dict[str, int | bool | str]:  # Any: model*
     """The context settings that sequence-state bytes depend on (the weights and LoRA
     adapters are named by the blob's model id instead)."""
-    params = ll.llama_context_default_params()  # NOTE: _init_context leaves these at default
+    params = ll.llama_context_default_params()  # NOTE: _init_context leaves the types
     return {
         "n_ctx_per_seq": config.n_ctx_per_seq,
         "n_layer": ll.llama_model_n_layer(model),
         "n_embd": ll.llama_model_n_embd(model),
         "n_swa": ll.llama_model_n_swa(model),
-        "swa_full": bool(params.swa_full),
+        "swa_full": config.swa_full,
         "type_k": int(params.type_k),
         "type_v": int(params.type_v),
         "kv_unified": config.kv_unified,
