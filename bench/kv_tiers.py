@@ -12,6 +12,11 @@ Three parts (`--parts`, default all):
   tiers off, host only, disk only, and host + disk: prefix hit rate (slot hits and
   tier restores over lookups), cached tokens, TTFT of turns >= 2, tier counters, peak
   RSS of the process tree.
+- `memory`: peak RSS of the server's process tree and output tok/s, per model and
+  concurrency (`--concurrency`), with the default KV sizing, with Gemma's sliding-window
+  cache cut to the window (`runtime.swa_full` false), and with that plus the unified
+  buffer sized by tokens (`runtime.kv_cache_sizing` tokens). Compare the RSS with
+  llama-server's at the same settings (bench/compare_servers.py) for the 1.3× target.
 - `restart`: the first `--restart-after` turns of every conversation, then a restart,
   then the rest: TTFT of the turns after the restart on a warm server (no restart), a
   restarted one with persistence (its snapshot restored), and a cold one (restarted
@@ -41,7 +46,7 @@ from compare.models import model_path  # noqa: E402
 from compare.rss import TreeSampler  # noqa: E402
 from launch import kill_group, start_server  # noqa: E402
 from serve_load import RequestResult, resolve_model, stream_one  # noqa: E402
-from workload import summarize  # noqa: E402
+from workload import make_prompts, summarize  # noqa: E402
 
 MB = 1024 * 1024
 TIER_MODES: dict[str, dict[str, str]] = {
@@ -237,9 +242,64 @@ def run_restart(args: argparse.Namespace, corpus: list[dict[str, Any]]) -> dict[
     return report
 
 
+MEMORY_MODES: dict[str, dict[str, str]] = {
+    "slots": {},
+    "swa_window": {"INFERFLUX_RUNTIME__SWA_FULL": "false"},
+    "tokens_swa_window": {
+        "INFERFLUX_RUNTIME__SWA_FULL": "false",
+        "INFERFLUX_RUNTIME__KV_UNIFIED": "true",
+        "INFERFLUX_RUNTIME__KV_CACHE_SIZING": "tokens",
+    },
+}
+
+
+async def _load(url: str, concurrency: int, n_requests: int, max_tokens: int) -> dict[str, Any]:
+    """`n_requests` chats, `concurrency` at a time; output tok/s and TTFT p50."""
+    prompts = make_prompts(n_requests, 11, 150, 200)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        config = turn_config(url, await resolve_model(client), max_tokens, ignore_eos=True)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(text: str) -> RequestResult:
+            async with gate:
+                return await stream_one(client, config, [{"role": "user", "content": text}])
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(p) for p in prompts))
+        wall = time.perf_counter() - started
+    ttfts = [r.ttft_s for r in results if r.ttft_s]
+    return {
+        "output_tok_s": round(sum(r.output_tokens for r in results) / wall, 2),
+        "ttft_p50_s": summarize(ttfts).p50 if ttfts else None,
+        "errors": [r.error for r in results if not r.ok],
+    }
+
+
+def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Peak RSS of the process tree and throughput per memory setting, model and
+    concurrency (same context per sequence and max_num_seqs throughout)."""
+    rows = []
+    url = f"http://127.0.0.1:{args.port}"
+    for key in args.models.split(","):
+        for mode, env in MEMORY_MODES.items():
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                cli = ["--model", model_path(key)]
+                server, sampler = _server(args.port, cli, {**_base_env(args), **env})
+                try:
+                    load = asyncio.run(
+                        _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
+                    )
+                finally:
+                    peak = _stop(server, sampler)
+                row = {"model": key, "mode": mode, "concurrency": concurrency, **load}
+                rows.append(row | {"peak_rss_tree_mb": round(peak / MB, 1)})
+                print("memory", json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="cost,tiers,restart")
+    parser.add_argument("--parts", default="cost,tiers,restart,memory")
     parser.add_argument("--models", default="smollm2,gemma3", help="for the cost part")
     parser.add_argument("--model", default="smollm2", help="for the trace parts")
     parser.add_argument("--cost-tokens", type=int, default=1000)
@@ -249,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-after", type=int, default=3)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", default="1,16", help="for the memory part")
+    parser.add_argument("--memory-requests", type=int, default=2, help="per concurrency slot")
     parser.add_argument("--port", type=int, default=8095)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -266,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         report["tiers"] = run_tiers(args, corpus)
     if "restart" in parts:
         report["restart"] = run_restart(args, corpus)
+    if "memory" in parts:
+        report["memory"] = run_memory(args)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

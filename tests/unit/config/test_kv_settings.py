@@ -32,3 +32,12 @@ def test_unknown_eviction_policy_is_refused() -> None:
 def test_persistence_without_a_folder_names_the_fix() -> None:
     with pytest.raises(ConfigError, match="runtime.nvme_offload.path"):
         load_settings(env={"INFERFLUX_RUNTIME__KV_PERSISTENCE__ENABLED": "true"})
+
+
+def test_token_sizing_needs_the_unified_kv_buffer() -> None:
+    with pytest.raises(ConfigError, match="runtime.kv_unified"):
+        load_settings(env={"INFERFLUX_RUNTIME__KV_CACHE_SIZING": "tokens"})
+    settings = load_settings(
+        env={"INFERFLUX_RUNTIME__KV_CACHE_SIZING": "tokens", "INFERFLUX_RUNTIME__KV_UNIFIED": "1"}
+    )
+    assert settings.runtime.kv_cache_sizing == "tokens"
