@@ -187,6 +187,7 @@ class EngineCore:
         plan: list[DecodeChunk] = [
             (c.seq_id, c.token_ids, c.start_pos, self._n_logits(c)) for c in chunks
         ]
+        decode_started = time.monotonic()
         try:
             rows = self.backend.decode(plan)
         except EngineError as exc:
@@ -195,7 +196,7 @@ class EngineCore:
             return deltas
         self._stats.num_steps += 1
         if self.kv_offload is not None:
-            self.kv_offload.observe_step(output.num_tokens, time.monotonic() - started_at)
+            self.kv_offload.observe_step(output.num_tokens, time.monotonic() - decode_started)
         deltas.extend(self._update_from_output(chunks, rows))
         self._recorder.on_step_done(chunks, output.num_tokens, started_at)
         return deltas

@@ -167,7 +167,7 @@ class KvOffload:
         """Load entry `key` into `seq_id`, cut to `n_tokens`. False (logged, entry
         dropped, `seq_id` empty) when the bytes are gone, refused or not loadable: the
         caller then recomputes."""
-        entry = next((e for e in self.store.entries() if e.key == key), None)
+        entry = self.store.entry(key)
         if entry is None:
             return False
         tier: Tier = entry.tier

@@ -113,6 +113,9 @@ class KvTierStore:
         """Every entry, least recently used first (a copy of the list; do not mutate)."""
         return sorted(self._entries.values(), key=lambda e: e.last_used)
 
+    def entry(self, key: str) -> TierEntry | None:
+        return self._entries.get(key)
+
     def namespace_tokens(self, namespace: str) -> int:
         return sum(len(e.token_ids) for e in self._entries.values() if e.namespace == namespace)
 
