@@ -226,3 +226,26 @@ def test_gemma_without_full_swa_reuses_whole_entries_and_recomputes_cut_ones(
         assert _run(cold, "t3", early)[0] == cut
     finally:
         cold.close()
+
+
+def test_gemma_restores_keep_only_the_window_so_cut_restores_are_refused(
+    gemma3_model_path: str,
+) -> None:
+    """A restored Gemma state holds its sliding-window layers' last window only (even
+    with swa_full on): the whole state loads, a cut before that window is refused (the
+    next token would attend to positions that are not there)."""
+    b = LlamaCppBackend(ContextConfig(gemma3_model_path, 1024, 3, 512, 2, 2, False))
+    try:
+        tokens = (_tokens(b) * 20)[:700]
+        b.decode([(0, tokens[:512], 0, 0)])
+        b.decode([(0, tokens[512:], 512, 0)])
+        data = b.save_seq(0)
+        memory = ll.llama_get_memory(b._ctx)
+        assert b.load_seq(1, data, 700)
+        assert ll.llama_memory_seq_pos_min(memory, 1) > 0  # only the window came back
+        assert not b.load_seq(2, data, 300)
+        assert ll.llama_memory_seq_pos_max(memory, 2) == -1
+        assert b.copy_seq(1, 2, 700)  # whole: fine; cut: refused, dst left empty
+        assert not b.copy_seq(1, 2, 300)
+    finally:
+        b.close()

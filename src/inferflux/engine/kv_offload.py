@@ -108,6 +108,8 @@ class KvOffload:
         self.config = config
         self.disk = disk
         self.cost = RestoreCost()
+        n_swa = config.layout.get("n_swa", 0)
+        self._n_swa = n_swa if isinstance(n_swa, int) and not isinstance(n_swa, bool) else 0
         self._pending: list[tuple[int, str, list[int]]] = []
         self._last_snapshot_at = time.monotonic()
         self.spill_s_total = 0.0
@@ -157,6 +159,10 @@ class KvOffload:
         (nothing longer than `have` by `min_match`, or recomputing is cheaper)."""
         found = self.store.match(namespace, token_ids, max_length=max_length)
         if found is None or found.length - have < self.store.min_match:
+            return None
+        if self._n_swa and self._n_swa < found.num_entry_tokens != found.length:
+            # NOTE: a restored state keeps only the last window of sliding-window layers;
+            # cut shorter, the next token would lack positions (LlamaCppBackend.load_seq)
             return None
         if not self.cost.worth_restoring(found.tier, found.nbytes, found.length - have):
             self.store.stats.skipped += 1

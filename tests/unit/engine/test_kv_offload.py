@@ -80,3 +80,16 @@ def test_a_refused_blob_is_dropped_and_counted() -> None:
     entry.data = entry.data[:-1]  # torn
     assert not offload.restore(entry.key, 0, 50)
     assert offload.stats.refusals == 1 and offload.store.entries() == []
+
+
+def test_sliding_window_models_restore_only_whole_entries_longer_than_the_window() -> None:
+    backend = FakeKvBackend()
+    store = KvTierStore(host_max_bytes=1_000_000, min_match=4)
+    config = OffloadConfig(model_id="m", layout={**LAYOUT, "n_swa": 16})
+    offload = KvOffload(backend, store, config)
+    backend.seqs[9] = 50
+    offload.on_evict(9, "t", list(range(50)))
+    offload.spill_pending()
+    assert offload.match("t", list(range(30)) + [999], max_length=30, have=0) is None
+    hit = offload.match("t", list(range(60)), max_length=59, have=0)
+    assert hit is not None and hit.length == 50

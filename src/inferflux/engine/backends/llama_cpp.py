@@ -253,7 +253,7 @@ class LlamaCppBackend:
         if config.lora:
             self._apply_lora(config.lora)
         self._memory = ll.llama_get_memory(self._ctx)
-        self._n_swa: int = ll.llama_model_n_swa(self._model) if not config.swa_full else 0
+        self._n_swa: int = ll.llama_model_n_swa(self._model)  # 0: no sliding window
         self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
         self.n_ctx_per_seq = config.n_ctx_per_seq
         self._batch = _NumpyBatch(config.n_batch)
@@ -397,32 +397,33 @@ class LlamaCppBackend:
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
 
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> bool:
-        """`dst` := the first `n_tokens` positions of `src`.
+        """`dst` := the first `n_tokens` positions of `src`. False (dst empty) when `src`
+        lacks window positions the next token needs (`_window_covers`).
 
         NOTE: with per-sequence KV (kv_unified off) llama.cpp copies whole streams only; a
         partial range aborts the process (docs/engine-notes.md). So copy all of `src`, then
         drop the tail from `dst`. In unified mode the copy shares cells (no data moves).
         """
         ll.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        if not self._window_covers(src, n_tokens):
+            return False
         if self.config.kv_unified:
             ll.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
-        else:
-            ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-            if not self.trim_seq(dst, n_tokens):
-                return False
-        return self._keeps_window(dst, n_tokens)
-
-    def _keeps_window(self, seq_id: int, n_tokens: int) -> bool:
-        """True when `seq_id` holds what decoding position `n_tokens` attends to. With
-        `swa_full` off a sliding-window cache keeps only the last window (and a batch) of
-        the sequence it came from, so a copy or restore cut shorter may lack positions
-        the next token needs; then the sequence is cleared and False returned (the
-        caller recomputes). NOTE: `llama_memory_seq_pos_min` reports the window's start."""
-        needed_from = max(0, n_tokens - self._n_swa) if self._n_swa else 0
-        if ll.llama_memory_seq_pos_min(self._memory, seq_id) <= needed_from:
             return True
-        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-        return False
+        ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        return self.trim_seq(dst, n_tokens)
+
+    def _window_covers(self, seq_id: int, n_tokens: int) -> bool:
+        """True when `seq_id`, cut to `n_tokens`, still holds what the next position
+        attends to. Check before cutting: once cut, an emptied window is not visible.
+
+        A sliding-window cache can hold only the last window of a sequence: with
+        `swa_full` off always, and after `llama_state_seq_set_data` even with it on
+        (measured on Gemma 3: a restored 1,200-token state has pos_min 688). Cut shorter
+        than that window's start, the next token would attend to missing positions.
+        NOTE: `llama_memory_seq_pos_min` reports the window's start."""
+        needed_from = max(0, n_tokens - self._n_swa) if self._n_swa else 0
+        return bool(ll.llama_memory_seq_pos_min(self._memory, seq_id) <= needed_from)
 
     def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
         """Drop positions >= `n_tokens` of `seq_id`; on refusal clear the sequence."""
@@ -453,12 +454,10 @@ class LlamaCppBackend:
             ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return False
         pos_max = ll.llama_memory_seq_pos_max(self._memory, seq_id)
-        if pos_max + 1 < n_tokens:
+        if pos_max + 1 < n_tokens or not self._window_covers(seq_id, n_tokens):
             ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return False
-        if pos_max + 1 > n_tokens and not self.trim_seq(seq_id, n_tokens):
-            return False
-        return self._keeps_window(seq_id, n_tokens)
+        return pos_max + 1 == n_tokens or self.trim_seq(seq_id, n_tokens)
 
     def kv_cells_used(self, seq_ids: list[int]) -> int:
         """Cells held by `seq_ids` (positions 0..pos_max of each)."""
