@@ -229,13 +229,16 @@ class KvTierStore:
             self._demote(victim)
 
     def _demote(self, entry: TierEntry, *, block: bool = False) -> bool:
-        """Move a host entry to disk (evicting LRU disk entries), or drop it."""
+        """Move a host entry to disk (evicting LRU disk entries, never one used more
+        recently than it), or drop it."""
         data, budget = entry.data, self._budget
         if self.disk is None or data is None or entry.nbytes > budget.disk_max_bytes:
             self.remove(entry.key)
             return False
         while budget.used["disk"] + entry.nbytes > budget.disk_max_bytes:
-            self._evict_disk()
+            if not self._evict_disk(older_than=entry.last_used):
+                self.remove(entry.key)
+                return False
         if not self.disk.write(entry.key, data, block=block):
             self.stats.dropped_writes += 1
             self.remove(entry.key)
@@ -246,12 +249,15 @@ class KvTierStore:
         self._sync_sizes()
         return True
 
-    def _evict_disk(self) -> None:
+    def _evict_disk(self, older_than: int) -> bool:
         victim = min(
             (e for e in self._entries.values() if e.tier == "disk"), key=lambda e: e.last_used
         )
+        if victim.last_used > older_than:
+            return False
         self.stats.disk_evictions += 1
         self.remove(victim.key)
+        return True
 
     def _enforce_quota(self, namespace: str, keep: str) -> None:
         """One tenant's entries never hold more than its quota: its own LRU entries go."""

@@ -124,3 +124,13 @@ def test_budgets_and_quotas_always_hold(ops, host_max, disk_max, depth, quota) -
         if quota is not None:
             for ns in ("a", "b"):
                 assert store.namespace_tokens(ns) <= quota
+
+
+def test_shutdown_demotion_keeps_the_most_recent_entries_on_disk() -> None:
+    disk = FakeBlobDisk()
+    store = KvTierStore(host_max_bytes=1000, disk_max_bytes=250, disk=disk)
+    for i in range(4):
+        store.put("t", [i] * 10, blob(10))  # 0 is the oldest
+    assert store.demote_all() == 2
+    assert sorted(e.token_ids[0] for e in store.entries()) == [2, 3]
+    assert store.bytes_in("disk") == 200 and store.bytes_in("host") == 0
