@@ -19,6 +19,7 @@ from inferflux.api.model_sync import replication_json
 from inferflux.api.openai.models import model_card
 from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
+from inferflux.engine.messages import KvTierStats
 from inferflux.engine.protocol import WorkerStatus
 from inferflux.observability.metrics import PRIORITIES
 
@@ -81,6 +82,14 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
     return {**total, "hit_rate": round(total["hits"] / lookups, 4) if lookups else 0.0}
 
 
+def kv_tier_stats(statuses: list[WorkerStatus]) -> dict[str, int] | None:
+    """The prefix cache's host and disk tiers of every worker, summed (None when off)."""
+    tiers = [s.stats.kv_tiers for s in statuses if s.stats.kv_tiers is not None]
+    if not tiers:
+        return None
+    return {key: sum(getattr(t, key) for t in tiers) for key in KvTierStats.__struct_fields__}
+
+
 def policy_stats(security: SecurityState) -> dict[str, object]:
     """The policy version this replica runs, and its replication's state (None without
     `redis.url`): Redis reachable, when the version was applied, the last lag."""
@@ -138,6 +147,7 @@ async def server_stats(
         "kv_cells_used": sum(s.stats.kv_cells_used for s in statuses),
         "kv_cells_total": sum(s.stats.kv_cells_total for s in statuses),
         "prefix_cache": cache_stats(statuses),
+        "kv_tiers": kv_tier_stats(statuses),
         "routing": routing_stats(state.settings.scheduler.routing, statuses),
         "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],

@@ -44,6 +44,9 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_AUTH_PEPPER": "auth.pepper",
     "INFERFLUX_POLICY_STORE": "auth.policy_store",
     "INFERFLUX_POLICY_PASSPHRASE": "auth.policy_passphrase",
+    "INFERFLUX_NVME_OFFLOAD_PATH": "runtime.nvme_offload.path",
+    "INFERFLUX_KV_CPU_PAGES": "runtime.paged_kv.cpu_pages",
+    "INFERFLUX_KV_EVICTION": "runtime.paged_kv.eviction",
 }
 # Keys whose values are secrets: never quoted in an error message, and (ENV_ONLY) refused
 # anywhere but the environment.

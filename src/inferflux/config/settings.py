@@ -16,6 +16,11 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.kv_settings import (
+    KvPersistenceSettings,
+    NvmeOffloadSettings,
+    PagedKvSettings,
+)
 from inferflux.config.manifest import QuantizationLevel, check_model_url
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
@@ -187,6 +192,45 @@ class RuntimeSettings(_Section):
         "its in-flight requests for at most this long; what is left then ends with a "
         "worker_died error (unstarted requests go to other workers).",
     )
+    swa_full: bool = Field(
+        True,
+        description="Sliding-window layers (Gemma 3) keep a full context of KV per sequence. "
+        "False keeps only the window: much less memory, but a cached prefix shorter than "
+        "the sequence it was cut from may lack positions the window needs; such a hit is "
+        "recomputed instead (docs/kv-cache.md).",
+    )
+    kv_cache_sizing: Literal["slots", "tokens"] = Field(
+        "slots",
+        description="How the llama.cpp KV buffer is sized: `slots` gives every running and "
+        "every prefix-cache sequence a full context of cells; `tokens` (needs kv_unified) "
+        "gives the running sequences their contexts plus exactly "
+        "scheduler.prefix_cache.max_tokens cells for the cache (default: one context).",
+    )
+    nvme_offload: NvmeOffloadSettings = Field(
+        default_factory=NvmeOffloadSettings  # type: ignore[arg-type]
+    )
+    paged_kv: PagedKvSettings = Field(default_factory=PagedKvSettings)  # type: ignore[arg-type]
+    kv_persistence: KvPersistenceSettings = Field(
+        default_factory=KvPersistenceSettings  # type: ignore[arg-type]
+    )
+
+    @model_validator(mode="after")
+    def _token_sizing_needs_unified_kv(self) -> Self:
+        if self.kv_cache_sizing == "tokens" and not self.kv_unified:
+            raise ValueError(
+                "runtime.kv_cache_sizing tokens needs one shared KV buffer: set "
+                "runtime.kv_unified true (per-sequence KV gives every sequence a full context)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _persistence_needs_a_folder(self) -> Self:
+        if self.kv_persistence.enabled and not self.nvme_offload.path:
+            raise ValueError(
+                "runtime.kv_persistence.enabled needs a folder to write to: set "
+                "runtime.nvme_offload.path (env INFERFLUX_NVME_OFFLOAD_PATH)"
+            )
+        return self
 
 
 class FairnessSettings(_Section):
@@ -231,6 +275,14 @@ class PrefixCacheSettings(_Section):
         le=1_000_000,
         description="Shorter matches count as misses (copying KV costs about as much as "
         "prefilling a few tokens).",
+    )
+    tenant_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Per-tenant quota of cached tokens (each cache namespace: model, "
+        "adapter, tenant), in the llama.cpp slots and again in the host and disk tiers: "
+        "a namespace over it evicts its own least recently used entries, never others'. "
+        "Unset: no quota.",
     )
 
 

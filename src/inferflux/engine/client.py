@@ -118,6 +118,8 @@ class WorkerPoolClient:
         self._pool = WorkerPool(
             runtime.workers, in_process=runtime.in_process, config=self._worker_config
         )
+        if runtime.kv_persistence.enabled:  # the worker writes its KV snapshot on stop
+            self._pool.shutdown_join_s += runtime.kv_persistence.shutdown_budget_s
         self._watchdog = PoolWatchdog(
             self._pool, runtime, fail_in_flight=self._fail_in_flight, on_ready=self._on_ready
         )

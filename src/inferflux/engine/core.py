@@ -14,14 +14,18 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
+
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
+from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
     FairnessStats,
     FinishReason,
+    KvTierStats,
     PrefixCacheStats,
     Priority,
     RequestDelta,
@@ -32,7 +36,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.step_recorder import StepRecorder
 from inferflux.errors import ConstraintFailed, EngineError, KvCacheFull
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
-from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
+from inferflux.scheduler.request import KvFree, KvOp, KvRestore, PriorityClass
 
 _PRIORITY_CLASS = {
     Priority.HIGH: PriorityClass.HIGH,
@@ -82,9 +86,12 @@ def sampler_spec(params: SamplingParams) -> SamplerSpec:
 class EngineCore:
     """Continuous batching over one backend. Every method mutates; call from one thread."""
 
-    def __init__(self, backend: ModelBackend, scheduler: Scheduler) -> None:
+    def __init__(
+        self, backend: ModelBackend, scheduler: Scheduler, kv_offload: KvOffload | None = None
+    ) -> None:
         self.backend = backend
         self.scheduler = scheduler
+        self.kv_offload = kv_offload  # the prefix cache's host/disk tiers (kv_offload.py)
         self._states: dict[RequestId, _SequenceState] = {}
         # constrained requests held back until the backend can build their samplers
         self._deferred: list[AddRequest] = []
@@ -199,6 +206,7 @@ class EngineCore:
         plan: list[DecodeChunk] = [
             (c.seq_id, c.token_ids, c.start_pos, self._n_logits(c)) for c in chunks
         ]
+        decode_started = time.monotonic()
         try:
             rows = self.backend.decode(plan)
         except EngineError as exc:
@@ -216,6 +224,9 @@ class EngineCore:
             half = len(chunks) // 2
             first = self._run_chunks(chunks[:half], evicted=True)
             return first + self._run_chunks(chunks[half:], evicted=True)
+        if self.kv_offload is not None:
+            tokens = sum(len(c.token_ids) for c in chunks)
+            self.kv_offload.observe_step(tokens, time.monotonic() - decode_started)
         return self._update_from_output(chunks, rows)
 
     def _undo(self, chunk: ScheduledChunk) -> bool:
@@ -237,19 +248,28 @@ class EngineCore:
         if pressure and not was:
             logger.warning(
                 "memory pressure: %s bytes available; halving admissions and the step budget, "
-                "evicting the prefix cache",
+                "evicting the prefix cache (its host tier moves to disk)",
                 self.memory.available,
             )
-            self._evict_prefix_cache()
+            self._evict_prefix_cache(spill=False)  # host RAM is what is short
+            if self.kv_offload is not None:
+                self.kv_offload.store.shed_host()
         elif was and not pressure:
             logger.info("memory pressure over: %s bytes available", self.memory.available)
 
-    def _evict_prefix_cache(self) -> bool:
-        """Free the KV of every prefix-cache entry; False if there was none."""
+    def _evict_prefix_cache(self, *, spill: bool = True) -> bool:
+        """Free the KV of every prefix-cache entry, saving them to the host tier first
+        when there is one and `spill`; False if there was none."""
         cache = self.scheduler.prefix_cache
         if cache is None or not cache.num_entries:
             return False
-        for slot in cache.clear():
+        slots = cache.evict_all()
+        if self.kv_offload is not None:
+            if spill:
+                self.kv_offload.spill_pending()  # before the slots are freed
+            else:
+                self.kv_offload.drop_pending()
+        for slot in slots:
             self.backend.free_seq(slot)
         return True
 
@@ -286,9 +306,17 @@ class EngineCore:
         from the start, from the next step on. Returns those requests (this step's chunks
         of theirs assumed the copied KV)."""
         recompute: set[RequestId] = set()
+        if self.kv_offload is not None:
+            self.kv_offload.spill_pending()  # evicted entries, before their slots change
         for op in ops:
             if isinstance(op, KvFree):
                 self.backend.free_seq(op.seq_id)
+            elif isinstance(op, KvRestore):
+                if self.kv_offload is None or not self.kv_offload.restore(
+                    op.key, op.dst, op.n_tokens
+                ):
+                    self.scheduler.cache_copy_failed(op.request)  # restore() logged why
+                    recompute.add(op.request.request_id)
             elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
                 continue
             elif op.request is not None:
@@ -439,11 +467,14 @@ class EngineCore:
             },
             fairness=_fairness_stats(self.scheduler),
             prefix_cache=_prefix_stats(self.scheduler),
+            kv_tiers=_tier_stats(self.kv_offload),
         )
 
     def close(self) -> None:
         """Abort everything and free the backend."""
         self.abort_requests(self.request_ids())
+        if self.kv_offload is not None:
+            self.kv_offload.close(self.scheduler.prefix_cache)  # the final snapshot
         self.backend.close()
 
 
@@ -474,6 +505,10 @@ def _prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
         cached_tokens=cache.cached_tokens,
         max_tokens=cache.max_tokens,
     )
+
+
+def _tier_stats(offload: KvOffload | None) -> KvTierStats | None:
+    return msgspec.structs.replace(offload.stats) if offload is not None else None
 
 
 def _scores_prompt(chunk: ScheduledChunk, state: _SequenceState) -> bool:

@@ -205,6 +205,28 @@ class PrefixCacheStats(msgspec.Struct, kw_only=True):
     max_tokens: int = 0
 
 
+class KvTierStats(msgspec.Struct, kw_only=True):
+    """Counters since start, and the tiers' sizes now (EngineStats.kv_tiers)."""
+
+    host_bytes: int = 0
+    host_entries: int = 0
+    host_max_bytes: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    disk_max_bytes: int = 0
+    host_hits: int = 0
+    disk_hits: int = 0
+    spills: int = 0  # entries serialized out of llama.cpp into the host tier
+    restores: int = 0  # hits loaded back into a sequence
+    restored_tokens: int = 0
+    refusals: int = 0  # blobs refused on load (corrupt, other model or layout, llama.cpp)
+    skipped: int = 0  # hits not restored: recomputing was estimated cheaper
+    host_evictions: int = 0  # host → disk (or dropped without a disk tier)
+    disk_evictions: int = 0
+    dropped_writes: int = 0  # disk writes refused by a full queue
+    quota_evictions: int = 0
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """A worker's state after its latest step (or when idle)."""
 
@@ -222,6 +244,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     waiting_by_priority: dict[str, int] = msgspec.field(default_factory=dict)
     fairness: FairnessStats = msgspec.field(default_factory=FairnessStats)
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off
+    kv_tiers: KvTierStats | None = None  # None without host/disk tiers (kv_offload.py)
 
 
 class Admission(msgspec.Struct, array_like=True):

@@ -23,9 +23,11 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import zmq
 
+from inferflux.config.kv_settings import KvPersistenceSettings, NvmeOffloadSettings, PagedKvSettings
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
@@ -33,6 +35,7 @@ from inferflux.engine.core import EngineCore
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.heartbeat import Heartbeat, StepClock
+from inferflux.engine.kv_setup import build_kv_offload, model_identity, tiers_enabled
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -89,6 +92,14 @@ class WorkerConfig:
     model_sha256: str = ""  # checked before llama.cpp reads the file; "" = no check
     adapters: tuple[LoraAdapter, ...] = ()  # verified like the model, then applied
     health_address: str = ""  # where the heartbeat thread takes pings; "" = no heartbeat
+    # the prefix cache's host and disk tiers, and their persistence (kv_setup.py)
+    paged_kv: PagedKvSettings = field(default_factory=PagedKvSettings)  # type: ignore[arg-type]
+    nvme_offload: NvmeOffloadSettings = field(
+        default_factory=NvmeOffloadSettings  # type: ignore[arg-type]
+    )
+    kv_persistence: KvPersistenceSettings = field(
+        default_factory=KvPersistenceSettings  # type: ignore[arg-type]
+    )
 
 
 def worker_config(
@@ -106,6 +117,10 @@ def worker_config(
     runtime, scheduler = settings.runtime, settings.scheduler
     n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
     cache_slots = scheduler.prefix_cache.slots if scheduler.prefix_cache.enabled else 0
+    n_cells = None
+    if runtime.kv_cache_sizing == "tokens":  # the running contexts + the cache's budget
+        cache_cells = scheduler.prefix_cache.max_tokens or model_info.n_ctx
+        n_cells = model_info.n_ctx * scheduler.max_num_seqs + (cache_cells if cache_slots else 0)
     context = ContextConfig(
         model_path=model_info.path,
         n_ctx_per_seq=model_info.n_ctx,
@@ -115,6 +130,8 @@ def worker_config(
         n_threads_batch=runtime.n_threads_batch or n_threads,
         kv_unified=runtime.kv_unified,
         n_gpu_layers=runtime.n_gpu_layers,
+        swa_full=runtime.swa_full,
+        n_cells=n_cells,
     )
     return WorkerConfig(
         worker_id=worker_id,
@@ -130,6 +147,9 @@ def worker_config(
         model_sha256=model_info.sha256,
         adapters=model_info.adapters,
         health_address=health_address,
+        paged_kv=runtime.paged_kv,
+        nvme_offload=runtime.nvme_offload,
+        kv_persistence=runtime.kv_persistence,
     )
 
 
@@ -156,11 +176,16 @@ def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
     slots = min(settings.slots, config.context.n_seq_max - first)
     if not settings.enabled or slots <= 0:
         return None
-    budget = settings.max_tokens or int(0.8 * slots * config.context.n_ctx_per_seq)
+    context = config.context
+    if context.n_cells is not None:  # sized by tokens: the cells beyond the running ones
+        budget = context.n_cells - config.max_num_seqs * context.n_ctx_per_seq
+    else:
+        budget = settings.max_tokens or int(0.8 * slots * context.n_ctx_per_seq)
     return PrefixCache(
         list(range(first, first + slots)),
         max_tokens=budget,
         min_match=settings.min_match_tokens,
+        namespace_max_tokens=settings.tenant_max_tokens,
     )
 
 
@@ -168,6 +193,15 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     """Verify and load the model, and wire backend + scheduler. Raises ModelLoadError
     (ModelVerificationFailed when the file no longer matches its SHA-256)."""
     path = config.context.model_path
+    model_id = ""
+    if tiers_enabled(config.paged_kv, config.nvme_offload):
+        digest_dir = config.nvme_offload.path
+        model_id = model_identity(
+            path,
+            config.model_sha256,
+            tuple((a.path, a.scale) for a in config.adapters),
+            Path(digest_dir) if digest_dir else None,
+        )
     with contextlib.ExitStack() as files:
         load_path = files.enter_context(verified_file(path, config.model_sha256 or None))
         names = {load_path: path}
@@ -196,7 +230,18 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
         policy=scheduling_policy(config.scheduling),
         prefix_cache=cache,
     )
-    return EngineCore(backend, scheduler)
+    offload = build_kv_offload(
+        backend,
+        cache,
+        model_id=model_id,
+        worker_id=config.worker_id,
+        paged_kv=config.paged_kv,
+        nvme=config.nvme_offload,
+        persistence=config.kv_persistence,
+    )
+    if offload is not None:
+        scheduler.lower_tiers = offload
+    return EngineCore(backend, scheduler, kv_offload=offload)
 
 
 def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:
@@ -393,6 +438,8 @@ class _WorkerLoop:
                 self._generated_at = time.monotonic()
                 step_s = self._generated_at - started
             self._send(deltas)
+            if self.core.kv_offload is not None:
+                self.core.kv_offload.tick(self.core.scheduler.prefix_cache)
             if self.embeds.has_work():
                 self.clock.begin()
                 self._embed_pass(step_s)

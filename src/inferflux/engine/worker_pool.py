@@ -89,6 +89,7 @@ class WorkerPool:
         self._next_worker_id = num_workers
         self._in_process = in_process
         self._config = config
+        self.shutdown_join_s = SHUTDOWN_JOIN_S  # + the KV snapshot's budget (client.py)
         self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._ipc_dir = ""
         self._output: asyncio.AbstractServer | None = None
@@ -202,7 +203,7 @@ class WorkerPool:
             if worker.alive():
                 with contextlib.suppress(EngineDeadError):
                     await self.send(worker, encode(Shutdown()))
-        await asyncio.to_thread(_join, stopped, SHUTDOWN_JOIN_S)
+        await asyncio.to_thread(_join, stopped, self.shutdown_join_s)
 
     def forget(self, workers: Iterable[PoolWorker]) -> None:
         """Close the sockets of stopped `workers` and drop them from the pool."""

@@ -91,6 +91,35 @@ class PrefixCacheView(Protocol):
     def cached_tokens(self) -> int: ...
 
 
+class KvTiersView(Protocol):
+    """What the collector reads of a worker's host/disk cache tiers (engine `KvTierStats`)."""
+
+    @property
+    def host_bytes(self) -> int: ...
+    @property
+    def host_entries(self) -> int: ...
+    @property
+    def disk_bytes(self) -> int: ...
+    @property
+    def disk_entries(self) -> int: ...
+    @property
+    def host_hits(self) -> int: ...
+    @property
+    def disk_hits(self) -> int: ...
+    @property
+    def restores(self) -> int: ...
+    @property
+    def refusals(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def host_evictions(self) -> int: ...
+    @property
+    def disk_evictions(self) -> int: ...
+    @property
+    def dropped_writes(self) -> int: ...
+
+
 class EngineStatsView(Protocol):
     """What the collector reads of a worker's latest state (engine `EngineStats`)."""
 
@@ -116,6 +145,8 @@ class EngineStatsView(Protocol):
     def fairness(self) -> FairnessView: ...
     @property
     def prefix_cache(self) -> PrefixCacheView | None: ...
+    @property
+    def kv_tiers(self) -> KvTiersView | None: ...
 
 
 class RoutingView(Protocol):
@@ -491,6 +522,7 @@ class WorkerCollector(Collector):
         yield from _scheduler(stats)
         yield from _fairness([s.fairness for s in stats])
         yield from _prefix([s.prefix_cache for s in stats if s.prefix_cache is not None])
+        yield from _kv_tiers([s.kv_tiers for s in stats if s.kv_tiers is not None])
         yield from _liveness(workers)
         yield _routing(workers)
 
@@ -614,6 +646,44 @@ def _prefix(caches: list[PrefixCacheView]) -> Iterator[Metric]:
         "inferflux_prefix_cached_tokens",
         "Tokens held by the prefix cache now",
         sum(c.cached_tokens for c in caches),
+    )
+
+
+def _kv_tiers(tiers: list[KvTiersView]) -> Iterator[Metric]:
+    """Bytes and entries per tier, hits per tier, restores, refusals (absent when off)."""
+    if not tiers:
+        return
+    gauge, counter = GaugeMetricFamily, CounterMetricFamily
+    families = (
+        ("inferflux_kv_tier_bytes", "Bytes held by a prefix-cache tier", "bytes", gauge),
+        ("inferflux_kv_tier_entries", "Entries in a prefix-cache tier", "entries", gauge),
+        ("inferflux_kv_tier_hits", "Restores served by a prefix-cache tier", "hits", counter),
+        ("inferflux_kv_tier_evictions", "LRU evictions out of a tier", "evictions", counter),
+    )
+    for name, doc, field, family_type in families:
+        family = family_type(name, doc, labels=["tier"])
+        for tier in ("host", "disk"):
+            family.add_metric([tier], sum(getattr(t, f"{tier}_{field}") for t in tiers))
+        yield family
+    yield _counter(
+        "inferflux_kv_restores",
+        "Lower-tier cache entries loaded back into a sequence",
+        sum(t.restores for t in tiers),
+    )
+    yield _counter(
+        "inferflux_kv_refusals",
+        "KV blobs refused on load (corrupt, another model or layout); recomputed instead",
+        sum(t.refusals for t in tiers),
+    )
+    yield _counter(
+        "inferflux_kv_restores_skipped",
+        "Lower-tier hits not restored because recomputing was estimated cheaper",
+        sum(t.skipped for t in tiers),
+    )
+    yield _counter(
+        "inferflux_kv_dropped_writes",
+        "Evicted entries dropped because the disk write queue was full",
+        sum(t.dropped_writes for t in tiers),
     )
 
 

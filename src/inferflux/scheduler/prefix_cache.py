@@ -18,6 +18,7 @@ another's request (the CVE-2025-46570 timing side channel); each has its own tre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -83,12 +84,25 @@ class _Snapshot(msgspec.Struct):
 class PrefixCache:
     """Longest-prefix lookup over the token sequences held in `slot_ids`."""
 
-    def __init__(self, slot_ids: list[int], *, max_tokens: int, min_match: int = 1) -> None:
+    def __init__(
+        self,
+        slot_ids: list[int],
+        *,
+        max_tokens: int,
+        min_match: int = 1,
+        namespace_max_tokens: int | None = None,
+    ) -> None:
         """`max_tokens`: budget of cached tokens over all entries; `min_match`: shorter
-        matches count as misses (a copy would cost more than prefilling them)."""
+        matches count as misses (a copy would cost more than prefilling them);
+        `namespace_max_tokens`: per-namespace (tenant) quota: a namespace over it
+        evicts its own entries, never another's."""
         self.slot_ids = list(slot_ids)
         self.max_tokens = max_tokens
         self.min_match = max(1, min_match)
+        self.namespace_max_tokens = namespace_max_tokens
+        # Called with (slot, namespace, token ids) when LRU or a quota evicts an entry,
+        # before its slot is freed or reused: the lower tiers save it (kv_offload.py).
+        self.on_evict: Callable[[int, str, list[int]], None] | None = None
         self.stats = PrefixCacheStats()
         self._roots: dict[str, _Node] = {}
         self._entries: dict[int, _Entry] = {}
@@ -102,6 +116,14 @@ class PrefixCache:
     @property
     def cached_tokens(self) -> int:
         return sum(len(e.tokens) for e in self._entries.values())
+
+    def entries(self) -> list[tuple[int, str, list[int]]]:
+        """(slot, namespace, token ids) of every entry, least recently used first."""
+        ordered = sorted(self._entries.items(), key=lambda item: item[1].last_used)
+        return [(slot, e.namespace, list(e.tokens)) for slot, e in ordered]
+
+    def namespace_tokens(self, namespace: str) -> int:
+        return sum(len(e.tokens) for e in self._entries.values() if e.namespace == namespace)
 
     def entry_tokens(self, slot: int) -> list[int] | None:
         entry = self._entries.get(slot)
@@ -149,7 +171,8 @@ class PrefixCache:
         extends is replaced in place; otherwise a free slot is used or the least recently
         used entry (never `protected`) is evicted. Then entries are evicted, LRU first,
         until the token budget holds."""
-        if len(tokens) < self.min_match or len(tokens) > self.max_tokens:
+        quota = self.namespace_max_tokens
+        if len(tokens) < self.min_match or len(tokens) > min(self.max_tokens, quota or len(tokens)):
             return None
         covering = self._longest(namespace, tokens, len(tokens))
         if covering is not None and covering.length == len(tokens):
@@ -160,10 +183,15 @@ class PrefixCache:
         if slot is not None:
             self._remove(slot)
         else:
-            slot = self._free_slot(protected, evicted)
+            slot = self._free_slot(protected, evicted, self._quota_scope(namespace, tokens))
             if slot is None:
                 return None
         self._add(slot, namespace, tokens)
+        while quota is not None and self.namespace_tokens(namespace) > quota:
+            own = self._lru(exclude={slot, protected}, namespace=namespace)
+            if own is None:
+                break
+            self._evict(own, evicted)
         while self.cached_tokens > self.max_tokens:
             victim = self._lru(exclude={slot, protected})
             if victim is None:
@@ -180,20 +208,35 @@ class PrefixCache:
                 return slot
         return None
 
-    def _free_slot(self, protected: int, evicted: list[int]) -> int | None:
+    def _quota_scope(self, namespace: str, tokens: list[int]) -> str | None:
+        """`namespace` when adding `tokens` takes it over its quota: its victims must be
+        its own entries then."""
+        quota = self.namespace_max_tokens
+        if quota is None or self.namespace_tokens(namespace) + len(tokens) <= quota:
+            return None
+        return namespace
+
+    def _free_slot(self, protected: int, evicted: list[int], scope: str | None) -> int | None:
         for slot in self.slot_ids:
             if slot not in self._entries:
                 return slot
-        victim = self._lru(exclude={protected})
+        victim = self._lru(exclude={protected}, namespace=scope)
         if victim is not None:
             self._evict(victim, evicted)
         return victim
 
-    def _lru(self, exclude: set[int]) -> int | None:
-        candidates = [s for s in self._entries if s not in exclude]
+    def _lru(self, exclude: set[int], namespace: str | None = None) -> int | None:
+        candidates = [
+            s
+            for s, e in self._entries.items()
+            if s not in exclude and (namespace is None or e.namespace == namespace)
+        ]
         return min(candidates, key=lambda s: self._entries[s].last_used) if candidates else None
 
     def _evict(self, slot: int, evicted: list[int]) -> None:
+        entry = self._entries[slot]
+        if self.on_evict is not None:
+            self.on_evict(slot, entry.namespace, entry.tokens)
         self._remove(slot)
         evicted.append(slot)
         self.stats.evictions += 1
@@ -202,6 +245,13 @@ class PrefixCache:
         """Forget the entry in `slot` (its KV is gone)."""
         if slot in self._entries:
             self._remove(slot)
+
+    def evict_all(self) -> list[int]:
+        """Evict every entry (the eviction hook sees each); returns their slots."""
+        evicted: list[int] = []
+        for slot in list(self._entries):
+            self._evict(slot, evicted)
+        return evicted
 
     def clear(self) -> list[int]:
         """Forget every entry; returns their slots."""

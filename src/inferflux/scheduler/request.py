@@ -120,7 +120,18 @@ class KvFree:
     seq_id: SeqId
 
 
-KvOp = KvCopy | KvFree
+@dataclass(frozen=True, slots=True)
+class KvRestore:
+    """Load lower-tier cache entry `key` into sequence `dst`, cut to `n_tokens` (a hit in
+    the host or disk tier: scheduler/lower_tiers.py)."""
+
+    key: str
+    dst: SeqId
+    n_tokens: int
+    request: Request
+
+
+KvOp = KvCopy | KvFree | KvRestore
 
 
 @dataclass(frozen=True, slots=True)

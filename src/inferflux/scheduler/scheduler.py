@@ -45,11 +45,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferflux.scheduler.lower_tiers import LowerTiers
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
     KvFree,
     KvOp,
+    KvRestore,
     PriorityClass,
     Request,
     RequestId,
@@ -152,6 +154,7 @@ class Scheduler:
         self._free_seq_ids: list[int] = list(range(max_num_seqs))
         self._reserved_cells = 0
         self._last_timeout_scan = float("-inf")
+        self.lower_tiers: LowerTiers | None = None  # host/disk tiers (engine/kv_offload.py)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -329,19 +332,31 @@ class Scheduler:
         self._reuse_prefix(request, seq_id, kv_ops)
 
     def _reuse_prefix(self, request: Request, seq_id: SeqId, kv_ops: list[KvOp]) -> None:
-        """On a prefix-cache hit, copy the cached KV into the request's slot."""
+        """On a prefix-cache hit, copy the cached KV into the request's slot, or restore
+        it from a lower tier when that holds a longer prefix (and is worth it)."""
         cache = self.prefix_cache
         if cache is None or not request.use_prefix_cache:
             return
         tokens = request.prompt_token_ids + request.output_token_ids
         # At least one token must be computed: its logits give the next sample.
         match = cache.match(request.cache_namespace, tokens, max_length=len(tokens) - 1)
-        if match is None:
+        hit = None
+        if self.lower_tiers is not None:  # a longer prefix in host RAM or on disk?
+            have = match.length if match is not None else 0
+            hit = self.lower_tiers.match(
+                request.cache_namespace, tokens, max_length=len(tokens) - 1, have=have
+            )
+        if hit is not None:
+            kv_ops.append(KvRestore(hit.key, seq_id, hit.length, request))
+            length = hit.length
+        elif match is not None:
+            kv_ops.append(KvCopy(SeqId(match.slot), seq_id, match.length, request=request))
+            length = match.length
+        else:
             return
-        kv_ops.append(KvCopy(SeqId(match.slot), seq_id, match.length, request=request))
-        request.num_computed_tokens = match.length
+        request.num_computed_tokens = length
         if not request.num_preemptions:
-            request.num_cached_tokens = min(match.length, request.num_prompt_tokens)
+            request.num_cached_tokens = min(length, request.num_prompt_tokens)
 
     def cache_copy_failed(self, request: Request) -> None:
         """The KV copy of a hit failed: compute the request from scratch instead."""

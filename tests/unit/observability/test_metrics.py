@@ -221,3 +221,25 @@ def test_memory_faults_are_summed_and_pressure_is_any_worker() -> None:
     assert value(idle, "inferflux_memory_pressure") == 0
     with pytest.raises(KeyError):  # no worker has read its memory yet
         value(idle, "inferflux_host_memory_available_bytes")
+
+
+def test_kv_tiers_are_summed_per_tier_and_absent_without_tiers() -> None:
+    from inferflux.engine.messages import KvTierStats
+
+    tiers_a = KvTierStats(host_bytes=100, host_entries=1, disk_bytes=50, disk_entries=2,
+                          host_hits=3, disk_hits=1, restores=4, refusals=1, skipped=2,
+                          host_evictions=5, dropped_writes=1)  # fmt: skip
+    tiers_b = KvTierStats(host_bytes=10, disk_hits=2, restores=2)
+    fams = families(make([Worker(0, stats=EngineStats(kv_tiers=tiers_a)),
+                          Worker(1, stats=EngineStats(kv_tiers=tiers_b))]))  # fmt: skip
+    assert value(fams, "inferflux_kv_tier_bytes", tier="host") == 110
+    assert value(fams, "inferflux_kv_tier_bytes", tier="disk") == 50
+    assert value(fams, "inferflux_kv_tier_entries", tier="disk") == 2
+    assert value(fams, "inferflux_kv_tier_hits_total", tier="disk") == 3
+    assert value(fams, "inferflux_kv_tier_evictions_total", tier="host") == 5
+    assert value(fams, "inferflux_kv_restores_total") == 6
+    assert value(fams, "inferflux_kv_refusals_total") == 1
+    assert value(fams, "inferflux_kv_restores_skipped_total") == 2
+    assert value(fams, "inferflux_kv_dropped_writes_total") == 1
+    with pytest.raises(KeyError):
+        value(families(make([Worker(0)])), "inferflux_kv_restores_total")

@@ -235,6 +235,8 @@ class ContextConfig:
     kv_unified: bool
     n_gpu_layers: int = 0
     lora: tuple[tuple[str, float], ...] = ()  # (adapter path, scale), applied to the context
+    swa_full: bool = True  # False: sliding-window layers keep only the window (Gemma)
+    n_cells: int | None = None  # KV cells in all; None: n_ctx_per_seq × n_seq_max
 
 
 class LlamaCppBackend:
@@ -251,6 +253,7 @@ class LlamaCppBackend:
         if config.lora:
             self._apply_lora(config.lora)
         self._memory = ll.llama_get_memory(self._ctx)
+        self._n_swa: int = ll.llama_model_n_swa(self._model)  # 0: no sliding window
         self.n_ctx_total: int = ll.llama_n_ctx(self._ctx)
         self.n_ctx_per_seq = config.n_ctx_per_seq
         self._batch = _NumpyBatch(config.n_batch)
@@ -266,9 +269,11 @@ class LlamaCppBackend:
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
-        # Both modes hold n_seq_max full contexts of cells; unified mode shares them.
-        n_cells = config.n_ctx_per_seq * config.n_seq_max
+        # Both modes hold n_seq_max full contexts of cells by default; unified mode shares
+        # them, and can be sized by tokens instead (runtime.kv_cache_sizing).
+        n_cells = config.n_cells or config.n_ctx_per_seq * config.n_seq_max
         params.n_ctx = n_cells
+        params.swa_full = config.swa_full
         params.n_batch = config.n_batch
         params.n_ubatch = min(config.n_batch, 512)
         params.n_seq_max = config.n_seq_max
@@ -395,18 +400,33 @@ class LlamaCppBackend:
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
 
     def copy_seq(self, src: int, dst: int, n_tokens: int) -> bool:
-        """`dst` := the first `n_tokens` positions of `src`.
+        """`dst` := the first `n_tokens` positions of `src`. False (dst empty) when `src`
+        lacks window positions the next token needs (`_window_covers`).
 
         NOTE: with per-sequence KV (kv_unified off) llama.cpp copies whole streams only; a
         partial range aborts the process (docs/engine-notes.md). So copy all of `src`, then
         drop the tail from `dst`. In unified mode the copy shares cells (no data moves).
         """
         ll.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        if not self._window_covers(src, n_tokens):
+            return False
         if self.config.kv_unified:
             ll.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
             return True
         ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         return self.trim_seq(dst, n_tokens)
+
+    def _window_covers(self, seq_id: int, n_tokens: int) -> bool:
+        """True when `seq_id`, cut to `n_tokens`, still holds what the next position
+        attends to. Check before cutting: once cut, an emptied window is not visible.
+
+        A sliding-window cache can hold only the last window of a sequence: with
+        `swa_full` off always, and after `llama_state_seq_set_data` even with it on
+        (measured on Gemma 3: a restored 1,200-token state has pos_min 688). Cut shorter
+        than that window's start, the next token would attend to missing positions.
+        NOTE: `llama_memory_seq_pos_min` reports the window's start."""
+        needed_from = max(0, n_tokens - self._n_swa) if self._n_swa else 0
+        return bool(ll.llama_memory_seq_pos_min(self._memory, seq_id) <= needed_from)
 
     def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
         """Drop positions >= `n_tokens` of `seq_id`; on refusal clear the sequence."""
@@ -414,6 +434,33 @@ class LlamaCppBackend:
             return True
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         return False
+
+    # -- sequence state (engine/kv_state.py wraps these bytes) --------------------------
+    def kv_layout(self) -> dict[str, int | bool | str]:
+        """What sequence-state bytes depend on besides the weights (kv_state.py header)."""
+        return kv_layout(self._model, self.config)
+
+    def save_seq(self, seq_id: int) -> bytes:
+        """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`)."""
+        size = ll.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+        return ctypes.string_at(buf, n)
+
+    def load_seq(self, seq_id: int, data: bytes, n_tokens: int) -> bool:
+        """`seq_id` := the state in `data`, cut to its first `n_tokens` positions. False
+        (and `seq_id` empty) when llama.cpp refused the bytes or they held fewer positions:
+        a restore never silently does nothing."""
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id) == 0:
+            ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return False
+        pos_max = ll.llama_memory_seq_pos_max(self._memory, seq_id)
+        if pos_max + 1 < n_tokens or not self._window_covers(seq_id, n_tokens):
+            ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return False
+        return pos_max + 1 == n_tokens or self.trim_seq(seq_id, n_tokens)
 
     def kv_cells_used(self, seq_ids: list[int]) -> int:
         """Cells held by `seq_ids` (positions 0..pos_max of each)."""
@@ -478,3 +525,19 @@ class _NumpyBatch:
             n = end
         self.struct.n_tokens = n
         return rows
+
+
+def kv_layout(model: Any, config: ContextConfig) -> dict[str, int | bool | str]:  # Any: model*
+    """The context settings that sequence-state bytes depend on (the weights and LoRA
+    adapters are named by the blob's model id instead)."""
+    params = ll.llama_context_default_params()  # NOTE: _init_context leaves the types
+    return {
+        "n_ctx_per_seq": config.n_ctx_per_seq,
+        "n_layer": ll.llama_model_n_layer(model),
+        "n_embd": ll.llama_model_n_embd(model),
+        "n_swa": ll.llama_model_n_swa(model),
+        "swa_full": config.swa_full,
+        "type_k": int(params.type_k),
+        "type_v": int(params.type_v),
+        "kv_unified": config.kv_unified,
+    }

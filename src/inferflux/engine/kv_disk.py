@@ -1,0 +1,182 @@
+"""The disk tier's files: blob writes on a small thread pool, and the snapshot manifest.
+
+Owns: one folder per (model, worker) under `runtime.nvme_offload.path`, holding
+`blobs/<key>.kv` and `manifest.msgpack`. Writes go to a temp file and are renamed into
+place, on `workers` threads with at most `queue_depth` in flight (`write` refuses
+beyond that rather than wait), so the engine step never waits on disk. Does not own:
+which blobs to keep (kv_tiers.py) or their format (kv_state.py).
+
+The manifest is the snapshot: the index of entries whose blobs were completely written,
+written last, atomically (temp file, fsync, rename). A crash at any point leaves the
+previous manifest in place; entries it names whose files are gone are skipped at load,
+a torn or corrupt blob is refused by its checksum when restored, and files no manifest
+names (or `.tmp` leftovers) are deleted at start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgspec
+
+from inferflux.engine.kv_state import PREFIX_SIZE, KvStateRefused, header_end
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.msgpack"
+_MANIFEST_VERSION = 1
+
+
+class ManifestEntry(msgspec.Struct, array_like=True):
+    key: str
+    namespace: str
+    token_ids: list[int]
+    nbytes: int
+    last_used: int
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    version: int = _MANIFEST_VERSION
+    model_id: str
+    layout: dict[str, int | bool | str]
+    written_at: float
+    entries: list[ManifestEntry]
+
+
+class DiskBlobs:
+    """Blob files in `folder`, written by a bounded thread pool (implements BlobDisk)."""
+
+    def __init__(self, folder: Path, *, workers: int, queue_depth: int) -> None:
+        self.folder = folder
+        self.blobs = folder / "blobs"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.queue_depth = queue_depth
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kv-disk")
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._pending: dict[str, bytes] = {}
+        self._deleted: set[str] = set()
+        self.write_errors = 0
+
+    def path(self, key: str) -> Path:
+        return self.blobs / f"{key}.kv"
+
+    def write(self, key: str, data: bytes, *, block: bool = False) -> bool:
+        with self._lock:
+            while len(self._pending) >= self.queue_depth:
+                if not block:
+                    return False
+                self._done.wait()
+            self._pending[key] = data
+            self._deleted.discard(key)
+        self._pool.submit(self._write, key, data)
+        return True
+
+    def _write(self, key: str, data: bytes) -> None:
+        target = self.path(key)
+        temp = target.with_suffix(f".tmp-{threading.get_ident()}")
+        try:
+            temp.write_bytes(data)
+            os.replace(temp, target)
+        except OSError as exc:
+            self.write_errors += 1
+            logger.warning("KV disk tier: could not write %s: %s", target, exc)
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        with self._lock:
+            self._pending.pop(key, None)
+            if key in self._deleted:
+                self._deleted.discard(key)
+                with contextlib.suppress(OSError):
+                    target.unlink()
+            self._done.notify_all()
+
+    def read(self, key: str) -> bytes | None:
+        with self._lock:
+            data = self._pending.get(key)
+        if data is not None:
+            return data
+        try:
+            return self.path(key).read_bytes()
+        except OSError:
+            return None
+
+    def read_head(self, key: str) -> bytes | None:
+        """The prefix and header of blob `key` (kv_state.py), without its payload."""
+        try:
+            with self.path(key).open("rb") as file:
+                prefix = file.read(PREFIX_SIZE)
+                return prefix + file.read(header_end(prefix) - len(prefix))
+        except (OSError, KvStateRefused):
+            return None
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            if key in self._pending:
+                self._deleted.add(key)
+                return
+        with contextlib.suppress(OSError):
+            self.path(key).unlink()
+
+    def written(self, key: str) -> bool:
+        with self._lock:
+            return key not in self._pending
+
+    def flush(self) -> None:
+        """Wait until every write submitted so far has finished."""
+        with self._lock:
+            while self._pending:
+                self._done.wait()
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
+
+    # -- the snapshot ------------------------------------------------------------------
+    def write_manifest(self, manifest: Manifest) -> None:
+        """Replace the manifest atomically (temp file, fsync, rename, fsync the folder)."""
+        target = self.folder / MANIFEST
+        temp = self.folder / f"{MANIFEST}.tmp"
+        with temp.open("wb") as file:
+            file.write(msgspec.msgpack.encode(manifest))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, target)
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_manifest(self) -> Manifest | None:
+        """The last complete manifest; None when there is none or it is unreadable."""
+        try:
+            data = (self.folder / MANIFEST).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("KV snapshot: cannot read the manifest: %s", exc)
+            return None
+        try:
+            return msgspec.msgpack.decode(data, type=Manifest)
+        except msgspec.DecodeError as exc:
+            logger.warning("KV snapshot: manifest unreadable (%s); starting empty", exc)
+            return None
+
+    def sweep(self, keep: set[str]) -> int:
+        """Delete blob files not in `keep` and temp leftovers; returns how many."""
+        removed = 0
+        for path in list(self.blobs.iterdir()):
+            if path.suffix == ".kv" and path.stem in keep:
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+        with contextlib.suppress(OSError):
+            (self.folder / f"{MANIFEST}.tmp").unlink()
+        return removed
