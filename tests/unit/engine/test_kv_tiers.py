@@ -134,3 +134,17 @@ def test_shutdown_demotion_keeps_the_most_recent_entries_on_disk() -> None:
     assert store.demote_all() == 2
     assert sorted(e.token_ids[0] for e in store.entries()) == [2, 3]
     assert store.bytes_in("disk") == 200 and store.bytes_in("host") == 0
+
+
+def test_memory_pressure_sheds_the_host_tier_to_disk_or_drops_it() -> None:
+    disk = FakeBlobDisk(queue_depth=2)
+    store = KvTierStore(host_max_bytes=1000, disk_max_bytes=1000, disk=disk)
+    for i in range(3):
+        store.put("t", [i] * 10, blob(10))
+    assert store.shed_host() == 3
+    assert store.bytes_in("host") == 0
+    # the write queue took two; the third could not wait and was dropped
+    assert len(store.entries()) == 2 and all(e.tier == "disk" for e in store.entries())
+    no_disk = KvTierStore(host_max_bytes=1000, disk_max_bytes=0, disk=None)
+    no_disk.put("t", [1] * 10, blob(10))
+    assert no_disk.shed_host() == 1 and no_disk.entries() == []

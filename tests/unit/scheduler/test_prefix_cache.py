@@ -138,3 +138,15 @@ def _common(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def test_evict_all_passes_every_entry_through_the_eviction_hook() -> None:
+    cache = PrefixCache([10, 11], max_tokens=100)
+    seen: list[tuple[int, str, list[int]]] = []
+    cache.on_evict = lambda slot, namespace, tokens: seen.append((slot, namespace, tokens))
+    a = cache.insert("t", [1, 2, 3])
+    b = cache.insert("u", [4, 5])
+    assert a is not None and b is not None
+    assert sorted(cache.evict_all()) == [10, 11]
+    assert sorted(seen) == [(10, "t", [1, 2, 3]), (11, "u", [4, 5])]
+    assert cache.num_entries == 0 and cache.stats.evictions == 2
