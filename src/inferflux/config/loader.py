@@ -44,6 +44,10 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_AUTH_PEPPER": "auth.pepper",
     "INFERFLUX_POLICY_STORE": "auth.policy_store",
     "INFERFLUX_POLICY_PASSPHRASE": "auth.policy_passphrase",
+    "INFERFLUX_SPECULATIVE_ENABLED": "runtime.speculative_decoding.enabled",
+    "INFERFLUX_SPEC_DRAFT_MODEL": "runtime.speculative_decoding.draft_model",
+    "INFERFLUX_SPEC_MAX_PREFILL": "runtime.speculative_decoding.max_prefill",
+    "INFERFLUX_SPEC_CHUNK_SIZE": "runtime.speculative_decoding.max_draft_tokens",
 }
 # Keys whose values are secrets: never quoted in an error message, and (ENV_ONLY) refused
 # anywhere but the environment.

@@ -26,6 +26,7 @@ from inferflux.config.security_settings import (
     RateLimitSettings,
     RedisSettings,
 )
+from inferflux.config.speculative_settings import SpeculativeSettings
 
 
 class _Section(BaseModel):
@@ -186,6 +187,9 @@ class RuntimeSettings(_Section):
         description="A worker removed by runtime scaling (POST /v1/admin/workers) finishes "
         "its in-flight requests for at most this long; what is left then ends with a "
         "worker_died error (unstarted requests go to other workers).",
+    )
+    speculative_decoding: SpeculativeSettings = Field(
+        default_factory=SpeculativeSettings  # type: ignore[arg-type]
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
+from inferflux.config.speculative_settings import SpeculativeSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
 from inferflux.engine.core import EngineCore
@@ -51,6 +52,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
+from inferflux.engine.speculative import NgramProposer, SpecConfig
 from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging, update_log_policy
@@ -89,6 +91,7 @@ class WorkerConfig:
     model_sha256: str = ""  # checked before llama.cpp reads the file; "" = no check
     adapters: tuple[LoraAdapter, ...] = ()  # verified like the model, then applied
     health_address: str = ""  # where the heartbeat thread takes pings; "" = no heartbeat
+    speculative: SpecConfig | None = None  # speculative decoding; None = off
 
 
 def worker_config(
@@ -130,6 +133,20 @@ def worker_config(
         model_sha256=model_info.sha256,
         adapters=model_info.adapters,
         health_address=health_address,
+        speculative=spec_config(runtime.speculative_decoding),
+    )
+
+
+def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
+    """The engine's speculative settings, or None when off."""
+    if not settings.enabled:
+        return None
+    return SpecConfig(
+        max_draft_tokens=settings.max_draft_tokens,
+        max_prefill=settings.max_prefill,
+        min_acceptance=settings.min_acceptance,
+        max_batch=settings.max_batch,
+        probe_after=settings.probe_after,
     )
 
 
@@ -194,7 +211,8 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
         policy=scheduling_policy(config.scheduling),
         prefix_cache=cache,
     )
-    return EngineCore(backend, scheduler)
+    speculator = NgramProposer(config.speculative) if config.speculative is not None else None
+    return EngineCore(backend, scheduler, speculator)
 
 
 def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
@@ -110,6 +111,7 @@ class Scheduler:
         self._free_seq_ids: list[int] = list(range(max_num_seqs))
         self._reserved_cells = 0
         self._last_timeout_scan = float("-inf")
+        self.draft_proposer: DraftProposer | None = None  # speculative decoding (drafts.py)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -227,6 +229,8 @@ class Scheduler:
             chunk = self._chunk(head, budget)
             chunks.append(chunk)
             budget -= len(chunk.token_ids)
+        if self.draft_proposer is not None:
+            budget = attach_drafts(chunks, self.draft_proposer, budget)
         return SchedulerOutput(
             chunks=chunks,
             num_tokens=self.max_batch_tokens - budget,

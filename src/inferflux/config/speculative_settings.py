@@ -1,0 +1,57 @@
+"""The `runtime.speculative_decoding` settings section (docs/speculative.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SpeculativeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(
+        True,
+        description="Speculative decoding: draft tokens are verified by the model inside "
+        "the continuous batch; greedy and seeded outputs stay the same. Adaptive: off for "
+        "a request whose acceptance falls under min_acceptance, and for steps with "
+        "max_batch or more decoding sequences (docs/speculative.md).",
+    )
+    mode: Literal["ngram"] = Field(
+        "ngram",
+        description="Where drafts come from: `ngram` = prompt lookup (the request's own "
+        "prompt and output; no second model).",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="A draft GGUF with the same vocabulary (for a draft-model mode; not "
+        "used by `ngram`).",
+    )
+    max_draft_tokens: int = Field(
+        8, ge=1, le=64, description="Longest draft verified in one step (tokens)."
+    )
+    max_prefill: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Requests whose prompt is longer than this many tokens never "
+        "speculate. 0 = no limit.",
+    )
+    min_acceptance: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A request whose rolling draft acceptance falls under this stops "
+        "speculating, and probes again after probe_after generated tokens.",
+    )
+    probe_after: int = Field(
+        64, ge=1, le=1_000_000, description="Generated tokens before a paused request probes."
+    )
+    max_batch: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="No speculation in a step where this many sequences (or more) decode "
+        "together: verification rows then cost more than they save (measured: "
+        "docs/speculative.md).",
+    )
