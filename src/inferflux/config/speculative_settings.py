@@ -28,7 +28,11 @@ class SpeculativeSettings(BaseModel):
         "used by `ngram`).",
     )
     max_draft_tokens: int = Field(
-        8, ge=1, le=64, description="Longest draft verified in one step (tokens)."
+        12,
+        ge=1,
+        le=64,
+        description="Longest draft verified in one step (tokens); each draft is as long as "
+        "its expected accepted tokens per unit of step cost make worthwhile.",
     )
     max_prefill: int = Field(
         0,
@@ -46,6 +50,20 @@ class SpeculativeSettings(BaseModel):
     )
     probe_after: int = Field(
         64, ge=1, le=1_000_000, description="Generated tokens before a paused request probes."
+    )
+    second_row_cost: float = Field(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description="Cost model of the goodput gate: what a second logits row adds to a "
+        "one-row decode step, in one-row steps (2 CPU cores: 1.0, measured; a GPU: ~0).",
+    )
+    extra_row_cost: float = Field(
+        0.4,
+        ge=0.0,
+        le=100.0,
+        description="Cost model of the goodput gate: what each further row adds, in "
+        "one-row steps (2 CPU cores: 0.4, measured; a GPU: ~0).",
     )
     max_batch: int = Field(
         4,

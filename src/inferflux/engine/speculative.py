@@ -33,6 +33,14 @@ from inferflux.scheduler import Request, RequestId
 
 NGRAM_MAX = 4  # longest suffix looked up
 NGRAM_MIN = 2  # shortest (a 1-gram match is mostly chance in free text: measured)
+MATCH_CAP = 32  # match lengths are measured up to this
+
+
+def match_prior(length: int) -> float:
+    """Expected per-token acceptance of a draft whose context matched `length` tokens:
+    1 - 1/length (4 → 0.75, 8 → 0.875, 32 → 0.97). Free text repeats 2–5-token
+    phrases by chance; copying matches long stretches (bench/speculative.py)."""
+    return 1.0 - 1.0 / max(length, 1)
 
 
 class NgramIndex:
@@ -67,14 +75,27 @@ class NgramIndex:
 
     def propose(self, k: int) -> list[int]:
         """Up to `k` tokens that followed the longest earlier occurrence of a suffix."""
+        return self.propose_matched(k)[0]
+
+    def propose_matched(self, k: int) -> tuple[list[int], int]:
+        """`propose(k)` and how many tokens before the draft match (at most
+        MATCH_CAP): a long match means the output is copying, a short one is chance."""
         tokens = self.tokens
+        size = len(tokens)
         if k <= 0:
-            return []
-        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
-            end = self._last.get(tuple(tokens[len(tokens) - n :]))
+            return [], 0
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            end = self._last.get(tuple(tokens[size - n :]))
             if end is not None:
-                return tokens[end + 1 : end + 1 + k]
-        return []
+                length = n
+                while (
+                    length < MATCH_CAP
+                    and end - length >= 0
+                    and tokens[end - length] == tokens[size - 1 - length]
+                ):
+                    length += 1
+                return tokens[end + 1 : end + 1 + k], length
+        return [], 0
 
 
 def propose_ngram(
@@ -138,11 +159,11 @@ class AcceptanceTracker:
 
     min_acceptance: float
     probe_after: int
-    prior: float = 0.9  # the rate before anything was seen
+    prior: float = 0.95  # the rate before anything was seen (match_prior caps it)
     warmup: int = 4
     decay: float = 0.8  # weight of the history per verified position
-    recovery: float = 0.97  # per generated token without a verification
-    rate: float = 0.9
+    recovery: float = 0.985  # per generated token without a verification
+    rate: float = 0.95
     num_seen: int = 0
     seen_at: int = 0  # output length at the latest verification
     paused_until: int = -1  # output length at which to probe again
@@ -215,7 +236,7 @@ def best_draft_length(
 class SpecConfig:
     """The engine-side speculative settings (config: runtime.speculative_decoding)."""
 
-    max_draft_tokens: int = 8
+    max_draft_tokens: int = 12
     max_prefill: int = 0  # prompts longer than this never speculate; 0 = no limit
     min_acceptance: float = 0.5
     max_batch: int = 4  # no speculation when this many sequences decode together
@@ -277,10 +298,10 @@ class NgramProposer:
                 continue
             index = state.index
             index.extend(request.output_token_ids[len(index.tokens) - request.num_prompt_tokens :])
-            draft = index.propose(self.config.max_draft_tokens)
+            draft, length = index.propose_matched(self.config.max_draft_tokens)
             if draft:
                 rate = state.tracker.estimate(len(request.output_token_ids))
-                found.append((rate, request.request_id, draft))
+                found.append((min(rate, match_prior(length)), request.request_id, draft))
         found.sort(key=lambda c: -c[0])
         return found
 

@@ -52,7 +52,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
-from inferflux.engine.speculative import NgramProposer, SpecConfig
+from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
 from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging, update_log_policy
@@ -147,6 +147,7 @@ def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
         min_acceptance=settings.min_acceptance,
         max_batch=settings.max_batch,
         probe_after=settings.probe_after,
+        cost=StepCost(settings.second_row_cost, settings.extra_row_cost),
     )
 
 

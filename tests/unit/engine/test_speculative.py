@@ -13,6 +13,7 @@ from inferflux.engine.speculative import (
     SpecConfig,
     StepCost,
     best_draft_length,
+    match_prior,
     propose_ngram,
     speculative_sample,
 )
@@ -126,6 +127,9 @@ def test_the_proposer_gates_by_batch_opt_out_and_prompt_length() -> None:
     a = _request("a", copy + [1, 2])
     b = _request("b", copy + [1, 2])
     long = _request("long", copy * 3 + [1, 2])
+    proposer.config = SpecConfig(
+        max_batch=3, max_prefill=20, max_draft_tokens=4, cost=StepCost(0.0, 0.0)
+    )
     proposer.register(a, enabled=True)
     proposer.register(b, enabled=False)
     proposer.register(long, enabled=True)
@@ -140,10 +144,20 @@ def test_the_proposer_gates_by_batch_opt_out_and_prompt_length() -> None:
     assert proposer.propose([a], 100) == {}
 
 
-def test_the_proposer_sees_new_output_tokens() -> None:
+def test_the_proposer_sees_new_output_tokens_and_trusts_long_matches() -> None:
     proposer = NgramProposer(SpecConfig(max_draft_tokens=3))
-    r = _request("r", [10, 11, 12, 13, 14, 15, 16])
+    r = _request("r", list(range(10, 30)))
     proposer.register(r, enabled=True)
     assert proposer.propose([r], 100) == {}
     r.output_token_ids.extend([11, 12])
-    assert proposer.propose([r], 100) == {RequestId("r"): [13, 14, 15]}
+    # a 2-token match is chance in free text: not worth a second row on a CPU
+    assert proposer.propose([r], 100) == {}
+    r.output_token_ids.extend(range(13, 22))
+    assert proposer.propose([r], 100) == {RequestId("r"): [22, 23, 24]}  # 11 tokens matched
+
+
+def test_match_length_is_measured_backwards() -> None:
+    index = NgramIndex()
+    index.extend([5, 1, 2, 3, 4, 9, 7, 2, 3, 4])
+    assert index.propose_matched(2) == ([9, 7], 3)
+    assert match_prior(4) == 0.75 and match_prior(16) > 0.93
