@@ -66,6 +66,13 @@ def test_copying_speculates_and_opting_out_gives_the_same_answer(server_url: str
     assert stats["models"][0]["speculative"] == spec
 
 
+def test_n_choices_each_speculate(server_url: str) -> None:
+    answer = ask(server_url, n=2, seed=5)
+    assert len(answer["choices"]) == 2
+    assert answer["choices"][0]["message"]["content"] == answer["choices"][1]["message"]["content"]
+    assert answer["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+
 def test_a_bad_opt_out_value_is_a_400(server_url: str) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "speculative": "sometimes"}
     response = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=30)
