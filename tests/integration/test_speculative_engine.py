@@ -9,6 +9,7 @@ the sampler chain sees the same tokens (engine/speculative.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,7 @@ from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
 from inferflux.engine.speculative import SpecConfig, StepCost
 from inferflux.engine.worker import WorkerConfig, build_engine_core
+from inferflux.errors import ModelLoadError
 
 pytestmark = pytest.mark.model
 
@@ -42,7 +44,7 @@ FORCED = SpecConfig(max_draft_tokens=6, min_acceptance=0.0, max_batch=256, cost=
 
 
 class Model:
-    def __init__(self, path: str, gemma: bool) -> None:
+    def __init__(self, path: str, gemma: bool, spec: SpecConfig = FORCED) -> None:
         self.tokenizer = LlamaTokenizer(path)
         self.gemma = gemma
         self.core: EngineCore = build_engine_core(
@@ -55,7 +57,7 @@ class Model:
                 max_num_seqs=8,
                 max_batch_tokens=256,
                 observability=ObservabilitySettings(),
-                speculative=FORCED,
+                speculative=spec,
             )
         )
 
@@ -189,3 +191,28 @@ def test_structured_output_is_identical(model: Model) -> None:
     on, off = model.both([ask], constraint=grammar, max_tokens=60)
     assert text(on["q0"]) == text(off["q0"])
     assert on["q0"][-1].finish_reason is FinishReason.STOP
+
+
+def test_the_model_as_its_own_draft_is_accepted_whole(smollm2_model_path: str) -> None:
+    """Draft-model mode's mechanics: one draft context, every speculating sequence drafted
+    in one decode per position; a greedy self-draft must be accepted whole."""
+    spec = dataclasses.replace(FORCED, max_draft_tokens=4, draft_model=smollm2_model_path)
+    model = Model(smollm2_model_path, gemma=False, spec=spec)
+    try:
+        on, off = model.both(ASKS[:3], max_tokens=20, ignore_eos=True)
+        for rid in off:
+            assert tokens(on[rid]) == tokens(off[rid]), rid
+        stats = model.core.stats().speculative
+        assert stats is not None and stats.drafted_tokens > 0
+        assert stats.accepted_tokens == stats.drafted_tokens
+        assert stats.chunks_accepted == stats.chunks
+    finally:
+        model.close()
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(
+    smollm2_model_path: str, gemma3_model_path: str
+) -> None:
+    spec = dataclasses.replace(FORCED, draft_model=gemma3_model_path)
+    with pytest.raises(ModelLoadError, match="vocabulary"):
+        Model(smollm2_model_path, gemma=False, spec=spec)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class SpeculativeSettings(BaseModel):
@@ -17,16 +17,27 @@ class SpeculativeSettings(BaseModel):
         "a request whose acceptance falls under min_acceptance, and for steps with "
         "max_batch or more decoding sequences (docs/speculative.md).",
     )
-    mode: Literal["ngram"] = Field(
+    mode: Literal["ngram", "draft"] = Field(
         "ngram",
         description="Where drafts come from: `ngram` = prompt lookup (the request's own "
-        "prompt and output; no second model).",
+        "prompt and output; no second model); `draft` = draft_model, run greedily in a "
+        "context of its own beside the model.",
     )
     draft_model: str | None = Field(
         None,
-        description="A draft GGUF with the same vocabulary (for a draft-model mode; not "
-        "used by `ngram`).",
+        description="Path of the draft GGUF for mode `draft`; its vocabulary must be the "
+        "model's (checked at load).",
     )
+
+    @model_validator(mode="after")
+    def _draft_needs_a_model(self) -> Self:
+        if self.mode == "draft" and not self.draft_model:
+            raise ValueError(
+                "mode 'draft' needs a draft model: set runtime.speculative_decoding."
+                "draft_model (INFERFLUX_SPEC_DRAFT_MODEL)"
+            )
+        return self
+
     max_draft_tokens: int = Field(
         12,
         ge=1,

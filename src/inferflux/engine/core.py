@@ -409,6 +409,8 @@ class EngineCore:
     def close(self) -> None:
         """Abort everything and free the backend."""
         self.abort_requests(self.request_ids())
+        if self.speculator is not None:
+            self.speculator.close()
         self.backend.close()
 
 

@@ -242,6 +242,7 @@ class SpecConfig:
     max_batch: int = 4  # no speculation when this many sequences decode together
     probe_after: int = 64
     cost: StepCost = field(default_factory=StepCost)
+    draft_model: str | None = None  # a GGUF: draft-model mode (engine/spec_draft.py)
 
 
 @dataclass(slots=True)
@@ -287,22 +288,37 @@ class NgramProposer:
     def forget(self, request_id: RequestId) -> None:
         self._requests.pop(request_id, None)
 
-    def _candidates(self, requests: list[Request]) -> list[tuple[float, RequestId, list[int]]]:
-        """(acceptance rate, id, longest draft) of every request that may speculate."""
-        found: list[tuple[float, RequestId, list[int]]] = []
+    def close(self) -> None:
+        """Free what the proposer holds (nothing here; a draft model's context)."""
+
+    def _active(self, requests: list[Request]) -> list[tuple[Request, _RequestDrafts]]:
+        """The requests that may speculate now (not opted out, not paused)."""
+        active = []
         for request in requests:
             state = self._requests.get(request.request_id)
-            if state is None or not state.enabled:
-                continue
-            if not state.tracker.active(len(request.output_token_ids)):
-                continue
+            num_output = len(request.output_token_ids)
+            if state is not None and state.enabled and state.tracker.active(num_output):
+                active.append((request, state))
+        return active
+
+    def _candidates(self, requests: list[Request]) -> list[tuple[float, RequestId, list[int]]]:
+        """(expected acceptance, id, longest draft) of every request that may speculate,
+        most promising first."""
+        found = self._drafts(self._active(requests))
+        found.sort(key=lambda c: -c[0])
+        return found
+
+    def _drafts(
+        self, active: list[tuple[Request, _RequestDrafts]]
+    ) -> list[tuple[float, RequestId, list[int]]]:
+        found: list[tuple[float, RequestId, list[int]]] = []
+        for request, state in active:
             index = state.index
             index.extend(request.output_token_ids[len(index.tokens) - request.num_prompt_tokens :])
             draft, length = index.propose_matched(self.config.max_draft_tokens)
             if draft:
                 rate = state.tracker.estimate(len(request.output_token_ids))
                 found.append((min(rate, match_prior(length)), request.request_id, draft))
-        found.sort(key=lambda c: -c[0])
         return found
 
     def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:

@@ -52,6 +52,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
+from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
 from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
 from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
@@ -148,6 +149,7 @@ def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
         max_batch=settings.max_batch,
         probe_after=settings.probe_after,
         cost=StepCost(settings.second_row_cost, settings.extra_row_cost),
+        draft_model=settings.draft_model if settings.mode == "draft" else None,
     )
 
 
@@ -212,8 +214,32 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
         policy=scheduling_policy(config.scheduling),
         prefix_cache=cache,
     )
-    speculator = NgramProposer(config.speculative) if config.speculative is not None else None
-    return EngineCore(backend, scheduler, speculator)
+    return EngineCore(backend, scheduler, _speculator(config, backend))
+
+
+def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer | None:
+    """The draft proposer of `config.speculative` (None = off): n-gram, or a draft model
+    in a context of its own, one sequence per running slot."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    if spec.draft_model is None:
+        return NgramProposer(spec)
+    context = dataclasses.replace(
+        config.context,
+        model_path=spec.draft_model,
+        n_seq_max=config.max_num_seqs,
+        kv_unified=False,
+        lora=(),
+    )
+    draft = LlamaCppBackend(context)
+    try:
+        check_same_vocab(backend, draft, (backend.n_vocab, draft.n_vocab))
+    except ModelLoadError:
+        draft.close()
+        backend.close()
+        raise
+    return DraftModelProposer(spec, draft=draft, batch_tokens=config.max_batch_tokens)
 
 
 def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:
