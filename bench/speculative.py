@@ -15,6 +15,7 @@ wall time of the level, all clients together):
 
 Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflux-on`
 (the defaults), `inferflux-on-wide` (max_batch 16: no batch-size gate, goodput gate only),
+`inferflux-draft` (mode draft, `--draft-model`, default the model itself: mechanics only),
 `llama-server` (no speculation) and `llama-server-<type>` for each `--spec-type` this
 build lists (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and
 `llama-server-draft` (draft-simple with the model as its own draft: the only pair that
@@ -47,6 +48,7 @@ CONFIGS = (
     "inferflux-off",
     "inferflux-on",
     "inferflux-on-wide",
+    "inferflux-draft",
     "llama-server",
     *(f"llama-server-{t}" for t in LLAMA_SPEC_TYPES),
     "llama-server-draft",
@@ -91,18 +93,21 @@ def _prompts(workload: str) -> list[str]:
     return list(_QUESTIONS)
 
 
-def _server(config: str, tools: Toolchain, model: Model, port: int) -> Server:
+def _server(config: str, tools: Toolchain, model: Model, port: int, draft: str | None) -> Server:
     if config.startswith("inferflux"):
         base = make_server("inferflux", tools, model, port, PARALLEL)
         env = dict(base.env)
         env["INFERFLUX_SPECULATIVE_ENABLED"] = "false" if config == "inferflux-off" else "true"
         if config == "inferflux-on-wide":
             env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MAX_BATCH"] = "16"
+        if config == "inferflux-draft":
+            env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MODE"] = "draft"
+            env["INFERFLUX_SPEC_DRAFT_MODEL"] = draft or model.path
         return Server(config, base.argv, base.ready_path, env, base.ignore_eos)
     base = make_server("llama-server", tools, model, port, PARALLEL)
     extra: list[str] = []
     if config == "llama-server-draft":
-        extra = ["--spec-type", "draft-simple", "-md", model.path]
+        extra = ["--spec-type", "draft-simple", "-md", draft or model.path]
     elif config != "llama-server":
         extra = ["--spec-type", config.removeprefix("llama-server-")]
     return Server(config, [*base.argv, *extra], base.ready_path, base.env, base.ignore_eos)
@@ -168,7 +173,7 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[dict[str, Any]]:
     for config in args.configs:
         if config.startswith("llama-server") and not tools.llama_server:
             continue
-        server = _server(config, tools, model, args.port)
+        server = _server(config, tools, model, args.port, args.draft_model)
         with running(server, args.port, LOGS / f"speculative-{key}-{config}.log") as live:
             for workload in args.workloads:
                 for c in args.levels:
@@ -218,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--per-client", type=int, default=2, help="requests each client sends")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--port", type=int, default=18431)
+    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument("--out", default=str(RESULTS / "speculative"))
     return p
 
