@@ -14,11 +14,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferflux.config.settings import ObservabilitySettings
+from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
 from inferflux.engine.core import EngineCore
 from inferflux.engine.grammar import ConstraintCompiler
-from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
+from inferflux.engine.messages import (
+    AddRequest,
+    FinishReason,
+    Priority,
+    RequestDelta,
+    SamplingParams,
+)
 from inferflux.engine.speculative import SpecConfig, StepCost
 from inferflux.engine.worker import WorkerConfig, build_engine_core
 from inferflux.errors import ModelLoadError
@@ -216,3 +222,62 @@ def test_a_draft_model_with_another_vocabulary_is_refused(
     spec = dataclasses.replace(FORCED, draft_model=gemma3_model_path)
     with pytest.raises(ModelLoadError, match="vocabulary"):
         Model(smollm2_model_path, gemma=False, spec=spec)
+
+
+def test_a_speculating_request_survives_preemption_and_the_prefix_cache(
+    smollm2_model_path: str,
+) -> None:
+    """Preempted mid-copy (its KV goes to the prefix cache, trimmed to what verification
+    kept), resumed, still speculating: nothing lost, nothing repeated."""
+    sched = SchedulerSettings(max_num_seqs=1, max_batch_tokens=256)
+    sched.prefix_cache.slots = 2
+    model = Model(smollm2_model_path, gemma=False)
+    model.core.close()
+    model.core = build_engine_core(
+        WorkerConfig(
+            worker_id=0,
+            generation=1,
+            input_address="",
+            output_address="",
+            context=ContextConfig(smollm2_model_path, 512, 3, 256, 2, 2, False),
+            max_num_seqs=1,
+            max_batch_tokens=256,
+            observability=ObservabilitySettings(),
+            scheduling=sched,
+            speculative=FORCED,
+        )
+    )
+    core = model.core
+    try:
+        prompt = model.chat(ASKS[0])
+
+        def add(rid: str, tokens_: list[int], **sampling: object) -> None:
+            params = SamplingParams(temperature=0.0, ignore_eos=True, **sampling)  # type: ignore[arg-type]
+            message = AddRequest(request_id=rid, prompt_token_ids=tokens_, sampling=params)
+            if rid == "high":
+                message.priority = Priority.HIGH
+            if rid == "low":
+                message.priority = Priority.LOW
+            assert core.add_request(message) == []
+
+        add("ref", prompt, max_tokens=40, speculative=False)
+        reference: list[int] = []
+        while core.has_work():
+            reference += [t for d in core.step() for t in d.token_ids]
+        assert core.scheduler.prefix_cache is not None
+        core.scheduler.prefix_cache.clear()
+        for slot in (1, 2):
+            core.backend.free_seq(slot)
+        add("low", prompt, max_tokens=40)
+        got: list[int] = []
+        while len(got) < 20:
+            got += [t for d in core.step() for t in d.token_ids if d.request_id == "low"]
+        add("high", model.chat("Say hi."), max_tokens=4)
+        while core.has_work():
+            got += [t for d in core.step() for t in d.token_ids if d.request_id == "low"]
+        assert core.stats().fairness.preemptions == 1
+        assert got == reference
+        spec = core.stats().speculative
+        assert spec is not None and spec.accepted_tokens > 0
+    finally:
+        model.close()
