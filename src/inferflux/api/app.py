@@ -37,6 +37,7 @@ from inferflux.api.admin import adapters as admin_adapters
 from inferflux.api.admin import models as admin_models
 from inferflux.api.anthropic import messages as anthropic_messages
 from inferflux.api.config_sync import make_config_sync
+from inferflux.api.console import console_router
 from inferflux.api.drain import DrainMiddleware
 from inferflux.api.errors import CatchAllMiddleware, install_error_handlers
 from inferflux.api.generation import GenerationService
@@ -244,6 +245,9 @@ def _grpc_routers() -> tuple[tuple[APIRouter, Scope | None], ...]:
 def _include_routers(app: FastAPI, settings: Settings) -> None:
     for router, scope in (*_ROUTERS, *_grpc_routers()):
         app.include_router(router, dependencies=[require_scope(scope)] if scope else None)
+    console = console_router(settings)
+    if console is not None:  # public page and sign-in; the rest needs a credential
+        app.include_router(console)
     public_metrics = metrics.is_public(settings)
     app.include_router(
         metrics.router, dependencies=None if public_metrics else [require_scope(Scope.READ)]

@@ -60,7 +60,9 @@ class _Generation:
         self.model = model
         self.started_at = context.started_at
         self.last_token_at: float | None = None
-        self.tracked: TrackedRequest = telemetry.tracker.start(request, tenant=context.tenant)
+        self.tracked: TrackedRequest = telemetry.tracker.start(
+            request, tenant=context.tenant, model=model
+        )
         self.span: trace.Span | None = None
         self.stream_span: trace.Span | None = None
         self.finish: FinishReason | None = None

@@ -40,6 +40,7 @@ class TrackedRequest:
     submitted_at: float  # time.monotonic()
     submitted_unix: float  # time.time(), for humans
     tenant: str | None = None  # of the caller (None: submitted outside a request)
+    model: str | None = None  # the model id that serves it
     phase: str = "queued"
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
@@ -57,6 +58,7 @@ class TrackedRequest:
         return {
             "request_id": self.request_id,
             "tenant": self.tenant,
+            "model": self.model,
             "phase": self.phase,
             "priority": self.priority,
             "submitted_unix": round(self.submitted_unix, 3),
@@ -97,11 +99,14 @@ class RequestTracker:
         self._max_events = max_events
         self._keep_text = keep_text
 
-    def start(self, request: AddRequest, tenant: str | None = None) -> TrackedRequest:
+    def start(
+        self, request: AddRequest, tenant: str | None = None, model: str | None = None
+    ) -> TrackedRequest:
         """Track a request about to be submitted (replaces a live one with the same id)."""
         tracked = TrackedRequest(
             request_id=request.request_id,
             tenant=tenant,
+            model=model,
             priority=str(request.priority),
             num_prompt_tokens=len(request.prompt_token_ids),
             max_tokens=request.sampling.max_tokens,

@@ -42,6 +42,7 @@ from inferflux.security.rate_limit import (
     make_rate_limiter,
 )
 from inferflux.security.rbac import roles_table
+from inferflux.security.sessions import CookieSessions, SessionStore
 from inferflux.security.settings_policy import base_policy
 
 logger = logging.getLogger(__name__)
@@ -62,13 +63,15 @@ CORS_EXPOSED = [
 @dataclass(frozen=True, slots=True)
 class SecurityState:
     """What authentication needs. `policy` changes (admin API, and other replicas through
-    `sync` when `redis.url` is set: the app's lifespan starts and closes it)."""
+    `sync` when `redis.url` is set: the app's lifespan starts and closes it); `sessions`
+    holds the web console's sign-ins (None when `console.enabled` is off)."""
 
     policy: LivePolicy
     authenticator: Authenticator
     digester: KeyDigester
     roles: dict[str, frozenset[Scope]]
     sync: PolicySync | None = None
+    sessions: CookieSessions | None = None
 
 
 def build_security(
@@ -86,7 +89,21 @@ def build_security(
     authenticator = Authenticator(policy, digester, roles=roles, oidc=oidc, configured=auth.enabled)
     passphrase = auth.policy_passphrase.get_secret_value() if auth.policy_passphrase else None
     sync = make_policy_sync(settings.redis, policy, passphrase)
-    return SecurityState(policy, authenticator, digester, roles, sync)
+    return SecurityState(policy, authenticator, digester, roles, sync, console_sessions(settings))
+
+
+def console_sessions(settings: Settings) -> CookieSessions | None:
+    """The web console's session store (in this API process's memory), or None when the
+    console is off."""
+    console = settings.console
+    if not console.enabled:
+        return None
+    store = SessionStore(
+        idle_timeout_s=console.idle_timeout_s,
+        absolute_timeout_s=console.absolute_timeout_s,
+        max_sessions=console.max_sessions,
+    )
+    return CookieSessions(store, console.path)
 
 
 def policy_witnesses(settings: Settings) -> list[VersionWitness]:
@@ -122,6 +139,7 @@ def install_security(
         public_paths=public_paths(settings),
         path_scopes={path: Scope.READ for path in docs if path},
         render_error=error_response,
+        sessions=security.sessions,
     )
     if layer.audit is not None:
         excluded = frozenset(settings.audit.exclude_paths)

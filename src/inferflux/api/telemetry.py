@@ -37,7 +37,8 @@ from inferflux.observability.tracing import (
     get_tracer,
     make_tracer_provider,
 )
-from inferflux.security.context import context_of
+from inferflux.observability.usage import UsageLedger
+from inferflux.security.context import RequestContext, context_of
 
 _STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson", b"application/grpc")
 
@@ -60,6 +61,7 @@ class Telemetry:
     tracker: RequestTracker
     provider: TracerProvider | None = None
     meter: ThroughputMeter = field(default_factory=ThroughputMeter)
+    usage: UsageLedger = field(default_factory=UsageLedger)  # GET /v1/admin/usage
     tracer: trace.Tracer | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,6 +162,7 @@ class TelemetryMiddleware:
             await self.app(scope, receive, send_observed)
         finally:
             route = context.route
+            _count_usage(self.telemetry.usage, context)
             if metrics is not None:
                 record = context.record
                 metrics.requests_in_flight.dec()
@@ -193,6 +196,19 @@ class TelemetryMiddleware:
             },
         )
         return span, otel_context.attach(trace.set_span_in_context(span))
+
+
+def _count_usage(usage: UsageLedger, context: RequestContext) -> None:
+    """One row of the usage ledger for a request that reached a model."""
+    record, principal = context.record, context.principal
+    if record.model is not None and principal is not None:
+        usage.add(
+            principal.subject,
+            principal.tenant,
+            record.model,
+            record.num_prompt_tokens,
+            record.num_completion_tokens,
+        )
 
 
 def _end_span(span: trace.Span, route: str, status: int, scope: Scope) -> None:

@@ -27,6 +27,8 @@ LIVE_KEYS: frozenset[str] = frozenset(
         "scheduler.queue_timeout_s",
         "scheduler.aging_s",
         "scheduler.batch_window_ms",
+        "scheduler.itl_target_ms",
+        "scheduler.memory_low_mb",
         "scheduler.stream_interval",
         "scheduler.embed_tokens_per_step",
         "scheduler.high_watermark",

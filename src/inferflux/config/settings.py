@@ -270,6 +270,26 @@ class SchedulerSettings(_Section):
         "requests arriving together share one prefill batch. 0 = dispatch at once (while "
         "the engine runs, new requests join the next step anyway).",
     )
+    itl_target_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="Stall-free batching: while sequences are decoding, a step carries "
+        "only the prompt tokens that keep its expected time (learned from measured steps) "
+        "under this many ms, so a long prompt being admitted no longer freezes every "
+        "stream for one long step; a high-priority prompt may take twice the share, and "
+        "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
+        "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
+    )
+    memory_low_mb: int = Field(
+        256,
+        ge=0,
+        le=1_048_576,
+        description="Memory pressure: while the host (or the container's cgroup limit) "
+        "has less than this many MB available, each worker admits half as many sequences, "
+        "halves its step budget, and evicts its prefix cache when the episode begins; "
+        "inferflux_memory_pressure says so. 0 = never.",
+    )
     stream_interval: int = Field(
         1,
         ge=1,
@@ -507,6 +527,50 @@ class ObservabilitySettings(_Section):
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
 
 
+class ConsoleSettings(_Section):
+    """The web console (`api/console`, docs/console.md): pages served by the API process."""
+
+    enabled: bool = Field(
+        True,
+        description="Serve the web console (chat playground, dashboard, admin pages) at "
+        "console.path. Off: those paths are 404 and no session cookie is accepted.",
+    )
+    path: str = Field(
+        "/ui",
+        pattern=r"^/[a-z][a-z0-9_-]{0,31}$",
+        description="URL path of the console: one segment such as /ui (it must not shadow "
+        "an API path: /v1, /api, /debug, /server, /metrics are refused).",
+    )
+    idle_timeout_s: float = Field(
+        1800.0,
+        ge=1.0,
+        le=7 * 86400,
+        description="A console session unused this long is signed out.",
+    )
+    absolute_timeout_s: float = Field(
+        12 * 3600.0,
+        ge=1.0,
+        le=30 * 86400,
+        description="A console session ends this long after sign-in, used or not (an OIDC "
+        "session also ends when its token expires).",
+    )
+    max_sessions: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description="Console sessions held in memory at most; a new sign-in past it ends "
+        "the least recently used session.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _not_an_api_path(cls, value: str) -> str:
+        reserved = {"/v1", "/api", "/debug", "/server", "/metrics", "/docs", "/openapi.json"}
+        if value in reserved or value in {"/healthz", "/livez", "/readyz"}:
+            raise ValueError(f"console.path {value!r} is an API path: choose another, e.g. /ui")
+        return value
+
+
 class Settings(_Section):
     """Everything InferFlux reads at startup. Build it with `config.loader.load_settings`."""
 
@@ -536,3 +600,6 @@ class Settings(_Section):
         default_factory=RegistrySettings  # type: ignore[arg-type]
     )
     router: RouterSettings = Field(default_factory=RouterSettings)  # type: ignore[arg-type]
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings  # type: ignore[arg-type]
+    )

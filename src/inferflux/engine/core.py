@@ -16,6 +16,7 @@ from typing import Any
 
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
@@ -32,7 +33,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.spec_verify import merge_deltas, verify_draft
 from inferflux.engine.speculative import NgramProposer
 from inferflux.engine.step_recorder import StepRecorder
-from inferflux.errors import ConstraintFailed, EngineError
+from inferflux.errors import ConstraintFailed, EngineError, KvCacheFull
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
 from inferflux.scheduler.request import KvFree, KvOp, PriorityClass
 
@@ -102,6 +103,7 @@ class EngineCore:
         self._stats = EngineStats(kv_cells_total=backend.n_ctx_total)
         self._recorder = StepRecorder()
         self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
+        self.memory = MemoryWatch()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._deferred)
@@ -183,6 +185,7 @@ class EngineCore:
         """Run one step: one llama_decode over every scheduled chunk; one delta per
         request that produced text, a token, or finished."""
         started_at = time.monotonic()
+        self._watch_memory(started_at)
         deltas = self._admit_deferred()
         output = self.scheduler.schedule()
         deltas.extend(self._timed_out(r) for r in output.timed_out)
@@ -191,6 +194,25 @@ class EngineCore:
         if not chunks:
             return deltas
         self._recorder.on_scheduled(chunks, started_at)
+        deltas.extend(self._run_chunks(chunks, evicted=False))
+        self._stats.num_steps += 1
+        self._recorder.on_step_done(chunks, output.num_tokens, started_at)
+        # draft rows are decode-shaped rows (one logits row per token)
+        decoding = sum(
+            1 + len(c.draft_token_ids) for c in chunks if c.sample and len(c.token_ids) == 1
+        )
+        self.scheduler.observe_step(
+            decoding, output.num_tokens - decoding, time.monotonic() - started_at
+        )
+        return deltas
+
+    def _run_chunks(self, chunks: list[ScheduledChunk], *, evicted: bool) -> list[RequestDelta]:
+        """Decode `chunks` in one llama_decode and take their outputs. A failed decode
+        fails no request by itself (REQ-9.2, 9.3): the sequences are trimmed back to where
+        the step began; with no KV room, the prefix cache is evicted and the step retried
+        once; then the batch is split in halves, each decoded (and its outputs taken, as
+        the next decode overwrites the logits) on its own, down to single requests, and
+        only a request that fails alone finishes with an error."""
         plan: list[DecodeChunk] = [
             (c.seq_id, c.token_ids + list(c.draft_token_ids), c.start_pos, self._n_logits(c))
             for c in chunks
@@ -198,13 +220,60 @@ class EngineCore:
         try:
             rows = self.backend.decode(plan)
         except EngineError as exc:
-            logger.error("step of %d tokens failed: %s", output.num_tokens, exc)
-            deltas.extend(self._finish(c.request, FinishReason.ERROR, "", str(exc)) for c in chunks)
-            return deltas
-        self._stats.num_steps += 1
-        deltas.extend(self._update_from_output(chunks, rows))
-        self._recorder.on_step_done(chunks, output.num_tokens, started_at)
-        return deltas
+            self._stats.decode_failures += 1
+            chunks = [c for c in chunks if self._undo(c)]
+            if not chunks:
+                return []
+            if isinstance(exc, KvCacheFull) and not evicted and self._evict_prefix_cache():
+                logger.warning("%s: evicted the prefix cache, retrying the step", exc)
+                return self._run_chunks(chunks, evicted=True)
+            if len(chunks) == 1:
+                logger.error("request %s failed: %s", chunks[0].request.request_id, exc)
+                return [self._failed(chunks[0].request, exc)]
+            logger.warning("%s: splitting a step of %d requests", exc, len(chunks))
+            half = len(chunks) // 2
+            first = self._run_chunks(chunks[:half], evicted=True)
+            return first + self._run_chunks(chunks[half:], evicted=True)
+        return self._update_from_output(chunks, rows)
+
+    def _undo(self, chunk: ScheduledChunk) -> bool:
+        """Trim the chunk's sequence back to where the step began. False when llama.cpp
+        refuses the partial removal (the sequence is then empty): the request computes
+        again from its first token next step instead of in this retry."""
+        if self.backend.trim_seq(chunk.seq_id, chunk.start_pos):
+            return True
+        chunk.request.num_computed_tokens = 0
+        return False
+
+    def _watch_memory(self, now: float) -> None:
+        """Memory pressure (REQ-9.5): the scheduler halves admissions and its step budget
+        while host memory is below `memory_low_bytes`, and the prefix cache is evicted
+        when an episode begins."""
+        was = self.memory.pressure
+        pressure = self.memory.poll(now, self.scheduler.policy.memory_low_bytes)
+        self.scheduler.memory_pressure = pressure
+        if pressure and not was:
+            logger.warning(
+                "memory pressure: %s bytes available; halving admissions and the step budget, "
+                "evicting the prefix cache",
+                self.memory.available,
+            )
+            self._evict_prefix_cache()
+        elif was and not pressure:
+            logger.info("memory pressure over: %s bytes available", self.memory.available)
+
+    def _evict_prefix_cache(self) -> bool:
+        """Free the KV of every prefix-cache entry; False if there was none."""
+        cache = self.scheduler.prefix_cache
+        if cache is None or not cache.num_entries:
+            return False
+        for slot in cache.clear():
+            self.backend.free_seq(slot)
+        return True
+
+    def _failed(self, request: Request, exc: EngineError) -> RequestDelta:
+        code = exc.code if isinstance(exc, KvCacheFull) else None
+        return self._finish(request, FinishReason.ERROR, "", exc.message, error_code=code)
 
     def take_step_stats(self) -> StepStats | None:
         """Timings and token counts since the previous call (None if nothing ran or
@@ -398,6 +467,12 @@ class EngineCore:
             num_generated_tokens_total=s.num_generated_tokens_total,
             kv_cells_used=sum(r.num_computed_tokens for r in self.scheduler.running),
             kv_cells_total=s.kv_cells_total,
+            decode_failures=s.decode_failures,
+            memory_pressure=self.memory.pressure,
+            memory_pressure_episodes=self.memory.episodes,
+            host_memory_available_bytes=(
+                self.memory.available if self.memory.available is not None else -1
+            ),
             waiting_by_priority={
                 p.name.lower(): n for p, n in self.scheduler.num_waiting_by_class().items()
             },

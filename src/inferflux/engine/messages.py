@@ -229,6 +229,10 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_generated_tokens_total: int = 0
     kv_cells_used: int = 0
     kv_cells_total: int = 0
+    decode_failures: int = 0  # failed llama_decode calls (each retried smaller: REQ-9.3)
+    memory_pressure: bool = False  # host memory below scheduler.memory_low_mb (REQ-9.5)
+    memory_pressure_episodes: int = 0
+    host_memory_available_bytes: int = -1  # -1 = unknown
     waiting_by_priority: dict[str, int] = msgspec.field(default_factory=dict)
     fairness: FairnessStats = msgspec.field(default_factory=FairnessStats)
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off

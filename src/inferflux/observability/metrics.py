@@ -117,6 +117,14 @@ class EngineStatsView(Protocol):
     @property
     def kv_cells_total(self) -> int: ...
     @property
+    def decode_failures(self) -> int: ...
+    @property
+    def memory_pressure(self) -> bool: ...
+    @property
+    def memory_pressure_episodes(self) -> int: ...
+    @property
+    def host_memory_available_bytes(self) -> int: ...
+    @property
     def waiting_by_priority(self) -> Mapping[str, int]: ...
     @property
     def fairness(self) -> FairnessView: ...
@@ -539,6 +547,30 @@ def _scheduler(stats: list[EngineStatsView]) -> Iterator[Metric]:
         "inferflux_kv_usage_ratio", "kv_cells_used / kv_cells_total (0 before load)",
         used / total if total else 0.0,
     )  # fmt: skip
+    yield _counter(
+        "inferflux_decode_failures",
+        "llama_decode calls that failed (no KV room or an error); the step was retried "
+        "after evicting the prefix cache and splitting the batch",
+        sum(s.decode_failures for s in stats),
+    )
+    yield _gauge(
+        "inferflux_memory_pressure",
+        "1 while a worker's host memory is below scheduler.memory_low_mb (admissions and "
+        "step budget halved)",
+        float(any(s.memory_pressure for s in stats)),
+    )
+    yield _counter(
+        "inferflux_memory_pressure_episodes",
+        "Times a worker entered memory pressure (its prefix cache was evicted)",
+        sum(s.memory_pressure_episodes for s in stats),
+    )
+    known = [s.host_memory_available_bytes for s in stats if s.host_memory_available_bytes >= 0]
+    if known:
+        yield _gauge(
+            "inferflux_host_memory_available_bytes",
+            "Memory the host (or the container's cgroup limit) has left, as the workers read it",
+            float(min(known)),
+        )
 
 
 def _fairness(f: list[FairnessView]) -> Iterator[Metric]:

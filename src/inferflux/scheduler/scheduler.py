@@ -13,6 +13,13 @@ token each, first, so inter-token latency stays flat), then prompts still being
 prefilled get chunks, then waiting requests are admitted while a sequence slot, budget
 and KV cells remain. A request's computed-token count catches up with its length.
 
+Stall-free steps. With `itl_target_s` set and sequences decoding, the prompt tokens of a
+step are capped so that its expected time (`StepCostModel`, learned from every step) stays
+under the target: a long prompt is prefilled over several short steps instead of freezing
+every stream for one long step (Sarathi-Serve's stall-free batching). Prompts still
+progress by at least `_MIN_PROMPT_CHUNK` tokens a step, a HIGH-class prompt may take twice
+the share, and with nothing decoding a prompt takes the whole budget.
+
 Admission order. The head of each class queue competes on (effective class, arrival),
 where a request's effective class drops by one for every `aging_s` it has waited. So a
 LOW request waits at most `2 * aging_s` before it is ordered purely by arrival among
@@ -52,8 +59,13 @@ from inferflux.scheduler.request import (
     SchedulerOutput,
     SeqId,
 )
+from inferflux.scheduler.step_cost import StepCostModel
 
 _MIN_RUN_TOKENS = 16  # a resumed request runs this long before it can be preempted again
+# Under an ITL target, prompts still progress by at least this many tokens a step, and a
+# HIGH-class prompt may take this many times the share of the others.
+_MIN_PROMPT_CHUNK = 16
+_HIGH_PRIORITY_SHARE = 2
 _TIMEOUT_SCAN_S = 0.1
 
 
@@ -67,6 +79,34 @@ class SchedulingPolicy:
     enable_preemption: bool = True
     high_priority_threshold: PriorityClass = PriorityClass.HIGH
     max_timeslice_tokens: int = 128
+    # > 0: while sequences decode, a step carries only the prompt tokens that keep its
+    # expected time under this (stall-free batching); 0 = the whole token budget.
+    itl_target_s: float = 0.0
+    # Host memory below this many bytes = memory pressure: half the admissions and step
+    # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
+    memory_low_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _PromptAllowance:
+    """The prompt tokens one step may still carry: `share` for NORMAL/LOW prompts, up to
+    `_HIGH_PRIORITY_SHARE × share` in all when HIGH ones take their bigger share; never
+    more than the step's remaining token budget."""
+
+    budget: int
+    share: int
+    taken: int = 0
+
+    def limit(self, request: Request) -> int:
+        cap = (
+            self.share * _HIGH_PRIORITY_SHARE
+            if request.priority == PriorityClass.HIGH
+            else self.share
+        )
+        return max(0, min(self.budget, cap) - self.taken)
+
+    def take(self, n: int) -> None:
+        self.taken += n
 
 
 @dataclass(slots=True)
@@ -105,6 +145,8 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.clock = clock
         self.counters = FairnessCounters()
+        self.step_cost = StepCostModel()  # fed by EngineCore with every step's time
+        self.memory_pressure = False  # set by EngineCore: half admissions and budget
         self.queues: dict[PriorityClass, deque[Request]] = {p: deque() for p in PriorityClass}
         self.running: list[Request] = []
         self._requests: dict[RequestId, Request] = {}
@@ -206,7 +248,7 @@ class Scheduler:
             return SchedulerOutput(chunks=[], num_tokens=0, timed_out=timed_out, wait_s=wait_s)
         kv_ops: list[KvOp] = []
         preempted = self._make_room(now, kv_ops)
-        budget = self.max_batch_tokens
+        budget = self.max_batch_tokens // 2 if self.memory_pressure else self.max_batch_tokens
         chunks: list[ScheduledChunk] = []
         prefilling: list[Request] = []
         for request in self.running:
@@ -215,20 +257,22 @@ class Scheduler:
             elif budget > 0:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
+        allowance = _PromptAllowance(budget, self._prompt_share(len(chunks)))
         for request in prefilling:
-            if budget <= 0:
-                break
-            chunk = self._chunk(request, budget)
-            chunks.append(chunk)
-            budget -= len(chunk.token_ids)
-        while budget > 0:
+            limit = allowance.limit(request)
+            if limit > 0:
+                chunk = self._chunk(request, limit)
+                chunks.append(chunk)
+                allowance.take(len(chunk.token_ids))
+        while True:
             head = self._next_waiting(now)
-            if head is None or not self._can_admit(head):
+            if head is None or allowance.limit(head) <= 0 or not self._can_admit(head):
                 break
             self._admit(head, kv_ops)
-            chunk = self._chunk(head, budget)
+            chunk = self._chunk(head, allowance.limit(head))
             chunks.append(chunk)
-            budget -= len(chunk.token_ids)
+            allowance.take(len(chunk.token_ids))
+        budget -= allowance.taken
         if self.draft_proposer is not None:
             budget = attach_drafts(chunks, self.draft_proposer, budget)
         return SchedulerOutput(
@@ -238,6 +282,20 @@ class Scheduler:
             timed_out=timed_out,
             preempted=preempted,
         )
+
+    def observe_step(self, decoding: int, tokens: int, seconds: float) -> None:
+        """A finished step's wall time: `decoding` one-token rows, `tokens` others."""
+        self.step_cost.observe(decoding, tokens, seconds)
+
+    def _prompt_share(self, decoding: int) -> int:
+        """Prompt tokens this step may carry: under an ITL target with sequences decoding,
+        what keeps the step's expected time under the target (at least
+        `_MIN_PROMPT_CHUNK`); else the whole budget."""
+        target_s = self.policy.itl_target_s
+        if target_s <= 0 or decoding == 0:
+            return self.max_batch_tokens
+        budget = self.step_cost.prompt_budget(decoding, target_s)
+        return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
 
     # -- admission -----------------------------------------------------------------
     def _rank(self, request: Request, now: float) -> tuple[int, float]:
@@ -251,6 +309,8 @@ class Scheduler:
 
     def _can_admit(self, request: Request) -> bool:
         if not self._free_seq_ids:
+            return False
+        if self.memory_pressure and len(self.running) >= max(1, self.max_num_seqs // 2):
             return False
         if self.kv_capacity is None:
             return True

@@ -2,7 +2,8 @@
 
 Owns: `Authenticator` (credentials → `Principal` under the current policy: API keys, then
 OIDC bearer JWTs) and `AuthenticationMiddleware` (pure ASGI). Does not own: scope checks
-per route (`rbac.py`), key digests (`api_keys.py`), JWT verification (`oidc.py`).
+per route (`rbac.py`), key digests (`api_keys.py`), JWT verification (`oidc.py`), console
+sessions (`sessions.py`).
 
 Authentication is on when the config names a key or an OIDC issuer, or the policy holds
 any key record (revoked ones included, so revoking the last key never reopens the
@@ -12,6 +13,13 @@ as `UNAUTHENTICATED`, which holds no scope; everything else, known route or not,
 valid credentials or gets 401 before routing. Credentials in the query string are
 refused (401), never read. The middleware sets the principal on the request's context
 (security/context.py), and the tenant in the logging `tenant_var` for the inner app.
+
+A web console session (the `inferflux_session` cookie, when the console is on) is a
+credential equal to the key or token that signed in: same principal, re-read from the
+key's record on every request (a revoked key's session gets 401). It is used only when the
+request sends no Authorization or x-api-key header; a state-changing request (not GET,
+HEAD, OPTIONS) with it also needs the session's `X-CSRF-Token` header (else 403
+`csrf_token_invalid`), and it never opens a WebSocket.
 """
 
 from __future__ import annotations
@@ -30,7 +38,13 @@ from starlette.types import Scope as AsgiScope
 from inferflux.asgi import drain_body
 from inferflux.config.auth_settings import OidcSettings
 from inferflux.config.policy_schema import NAME_PATTERN
-from inferflux.errors import InferfluxError, InvalidToken, PermissionDenied, Unauthorized
+from inferflux.errors import (
+    CsrfRejected,
+    InferfluxError,
+    InvalidToken,
+    PermissionDenied,
+    Unauthorized,
+)
 from inferflux.observability.logging import tenant_var
 from inferflux.security.api_keys import (
     CREDENTIAL_QUERY_PARAMS,
@@ -44,6 +58,7 @@ from inferflux.security.oidc import OidcVerifier, TokenRejected
 from inferflux.security.policy import ApiKeyRecord, Policy, PolicySource
 from inferflux.security.principal import ANONYMOUS, Principal, Scope
 from inferflux.security.rbac import UNAUTHENTICATED
+from inferflux.security.sessions import CookieSessions, Session, csrf_ok
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +91,7 @@ class Authenticator:
         self._configured = configured or oidc is not None
         self._clock = clock
         self._index: tuple[Policy, ApiKeyIndex] | None = None
+        self._by_id: tuple[Policy, dict[str, ApiKeyRecord]] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -99,6 +115,23 @@ class Authenticator:
         if self._oidc is not None and credentials.bearer is not None and token.count(".") == 2:
             return await self._token_principal(token, policy)
         raise Unauthorized("invalid, expired or revoked API key")
+
+    def refresh(self, principal: Principal) -> Principal | None:
+        """A session's principal under the current policy: an API key's rebuilt from its
+        record (None once the key is revoked, expired or gone); any other as it signed in."""
+        if principal.kind != "api_key":
+            return principal
+        policy = self.policy.current()
+        cached = self._by_id
+        if cached is None or cached[0] is not policy:
+            cached = (policy, {r.key_id: r for r in policy.keys})
+            self._by_id = cached
+        record = cached[1].get(principal.subject)
+        if record is None or record.revoked:
+            return None
+        if record.expires_at is not None and record.expires_at <= self._clock():
+            return None
+        return key_principal(record, policy)
 
     def _key_index(self, policy: Policy) -> ApiKeyIndex:
         cached = self._index
@@ -188,7 +221,8 @@ class AuthenticationMiddleware:
 
     `path_scopes` holds scope needs of routes that cannot declare them as a dependency
     (FastAPI's own /openapi.json and /docs pages); `render_error` turns a 401/403 into a
-    response in the shape the path expects (OpenAI, or Ollama's under /api/).
+    response in the shape the path expects (OpenAI, or Ollama's under /api/); `sessions`
+    the web console's (None: the console is off, a session cookie means nothing).
     """
 
     def __init__(
@@ -199,19 +233,21 @@ class AuthenticationMiddleware:
         public_paths: frozenset[str],
         path_scopes: Mapping[str, Scope],
         render_error: ErrorRenderer,
+        sessions: CookieSessions | None = None,
     ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.public_paths = public_paths
         self.path_scopes = path_scopes
         self.render_error = render_error
+        self.sessions = sessions
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         try:
-            principal = await self._principal(scope)
+            principal, session = await self._principal(scope)
         except (Unauthorized, PermissionDenied) as exc:
             if scope["type"] == "websocket":
                 await _refuse_handshake(exc, scope, receive, send)
@@ -225,26 +261,65 @@ class AuthenticationMiddleware:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(tenant_token)
+            if session is not None and self.sessions is not None:
+                # NOTE: a long request (a model swap) is activity too: the idle timer
+                # restarts at its end, not only at its start
+                self.sessions.store.touch(session)
 
-    async def _principal(self, scope: AsgiScope) -> Principal:
+    async def _principal(self, scope: AsgiScope) -> tuple[Principal, Session | None]:
+        """The request's principal, and the console session it came from (if any)."""
         if not self.authenticator.enabled:
             # Auth off: anonymous, unless a layer outside set a principal (tests that act
             # as distinct keys and tenants; nothing in the server does).
             preset = context_of(scope).principal
-            return preset if preset is not None else ANONYMOUS
+            return (preset if preset is not None else ANONYMOUS), None
         path = scope.get("path", "")
-        if path in self.public_paths:
-            return UNAUTHENTICATED
+        sessions = self.sessions
+        if path in self.public_paths or (
+            sessions is not None and sessions.is_public(path, scope.get("method", ""))
+        ):
+            return UNAUTHENTICATED, None
         if _credential_in_query(scope.get("query_string", b"")):
             raise Unauthorized(
                 "credentials in the URL are refused (URLs end up in logs and browser "
                 "history): send Authorization: Bearer <key> or x-api-key"
             )
-        principal = await self.authenticator.authenticate(bearer_credentials(scope["headers"]))
+        credentials = bearer_credentials(scope["headers"])
+        found = self._session_principal(scope, credentials)
+        principal, session = found if found else (None, None)
+        if principal is None:
+            principal = await self.authenticator.authenticate(credentials)
         needed = self.path_scopes.get(path)
         if needed is not None and not principal.has_scope(needed):
             raise PermissionDenied(f"'{principal.subject}' lacks the '{needed}' scope")
-        return principal
+        return principal, session
+
+    def _session_principal(
+        self, scope: AsgiScope, credentials: Credentials
+    ) -> tuple[Principal, Session] | None:
+        """The console session's principal and the session; None when the request sends a
+        key or token (it wins) or no session cookie. Raises Unauthorized (no such session,
+        a WebSocket, the key revoked) or CsrfRejected."""
+        sessions = self.sessions
+        if sessions is None or credentials != Credentials():
+            return None
+        session_id = sessions.session_id(scope["headers"])
+        if session_id is None:
+            return None
+        if scope["type"] != "http":
+            raise Unauthorized("a console session does not open WebSockets: send an API key")
+        session = sessions.store.find(session_id)
+        if session is None:
+            raise Unauthorized("the console session expired or was signed out: sign in again")
+        if not csrf_ok(session, scope.get("method", ""), scope["headers"]):
+            raise CsrfRejected(
+                "a console session's request that changes state needs its X-CSRF-Token header"
+            )
+        principal = self.authenticator.refresh(session.principal)
+        if principal is None:
+            sessions.store.close(session_id)
+            raise Unauthorized("the key this console session signed in with is revoked or expired")
+        return principal, session
 
 
 async def _refuse_handshake(

@@ -15,9 +15,12 @@ pytestmark = pytest.mark.model
 PUBLIC = {"/healthz", "/livez", "/readyz", "/metrics"}
 CHAT = [{"role": "user", "content": "Hi"}]
 GRPC = "/grpc/inferflux.v1.Inference"
+ANY = "any valid credential"  # a route that needs authentication and no scope
 
 
-def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | None, Scope | None]]:
+def requests_by_route(
+    model: str,
+) -> dict[tuple[str, str], tuple[str, dict | None, Scope | str | None]]:
     """(method, route path) → (URL, JSON body, scope needed). Admin calls are harmless:
     bad bodies (400) or unknown ids (404) once past authorization."""
     gen, read, admin = Scope.GENERATE, Scope.READ, Scope.ADMIN
@@ -130,6 +133,14 @@ def requests_by_route(model: str) -> dict[tuple[str, str], tuple[str, dict | Non
             for method in ("Generate", "Chat", "Embed")
         },
         ("POST", f"{GRPC}/ListModels"): (f"{GRPC}/ListModels", None, read),
+        ("GET", "/v1/admin/usage"): ("/v1/admin/usage", None, admin),
+        # the web console: its page, files and sign-in are public; who-am-I and sign-out
+        # need a valid credential and no scope
+        ("GET", "/ui"): ("/ui", None, None),
+        ("GET", "/ui/static/{name}"): ("/ui/static/app.js", None, None),
+        ("POST", "/ui/session"): ("/ui/session", {}, None),
+        ("GET", "/ui/session"): ("/ui/session", None, ANY),
+        ("DELETE", "/ui/session"): ("/ui/session", None, ANY),
     }
     return table
 
@@ -176,7 +187,7 @@ async def test_route_by_caller_matrix(secured: SecuredApp, caller: str):
         for (method, _), (url, body, needed) in requests_by_route(model_id(secured)).items():
             response = await client.request(method, url, json=body)
             status = response.status_code
-            if needed is None or (scopes is not None and needed in scopes):
+            if needed is None or (scopes is not None and (needed == ANY or needed in scopes)):
                 ok = status not in (401, 403) and status < 500
             elif scopes is None:
                 ok = status == 401 and response.headers["www-authenticate"].startswith("Bearer")

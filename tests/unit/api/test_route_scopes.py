@@ -1,5 +1,6 @@
 """Every route declares the scope it needs; only the health probes (and /metrics when
-public) are public. A new route included without a scope fails here."""
+public) and the web console's page, files and sign-in are public. A new route included
+without a scope fails here."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from inferflux.security.rbac import required_scope
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 
 HEALTH = {"/healthz", "/livez", "/readyz"}
+# the console's routes take no scope: its page and sign-in are public (CookieSessions),
+# GET/DELETE of the session need any valid credential (the middleware's 401)
+CONSOLE = {"/ui", "/ui/static/{name}", "/ui/session"}
 EXPECTED_PREFIXES = (
     ("/v1/admin/adapters", Scope.ADAPTER_MANAGER),
     ("/v1/admin/", Scope.ADMIN),
@@ -76,7 +80,8 @@ def test_every_route_has_a_scope_or_is_explicitly_public():
     # FastAPI's own pages cannot take dependencies: the middleware checks them
     assert set(doc_scopes) == {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
     assert set(doc_scopes.values()) == {Scope.READ}
-    assert unscoped - set(doc_scopes) == public
+    assert unscoped - set(doc_scopes) == public | CONSOLE
+    assert options["sessions"].path == "/ui"
 
 
 def test_scopes_follow_the_table():

@@ -22,6 +22,8 @@ def test_every_live_key_is_a_setting_and_changes_alone() -> None:
         "scheduler.queue_timeout_s": 2.5,
         "scheduler.aging_s": 0.5,
         "scheduler.batch_window_ms": 3.0,
+        "scheduler.itl_target_ms": 150.0,
+        "scheduler.memory_low_mb": 512,
         "scheduler.stream_interval": 4,
         "scheduler.embed_tokens_per_step": 16,
         "scheduler.high_watermark": 900,

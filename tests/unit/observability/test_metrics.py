@@ -205,3 +205,19 @@ def test_observe_phases_skips_phases_a_request_never_had() -> None:
     fams = families(metrics)
     assert value(fams, "inferflux_prefill_duration_seconds_count", priority="normal") == 1
     assert value(fams, "inferflux_decode_duration_seconds_count", priority="normal") == 0
+
+
+def test_memory_faults_are_summed_and_pressure_is_any_worker() -> None:
+    a = Worker(0, stats=EngineStats(decode_failures=2, memory_pressure=True,
+                                     memory_pressure_episodes=1,
+                                     host_memory_available_bytes=100 << 20))  # fmt: skip
+    b = Worker(1, stats=EngineStats(decode_failures=1, host_memory_available_bytes=300 << 20))
+    fams = families(make([a, b]))
+    assert value(fams, "inferflux_decode_failures_total") == 3
+    assert value(fams, "inferflux_memory_pressure") == 1
+    assert value(fams, "inferflux_memory_pressure_episodes_total") == 1
+    assert value(fams, "inferflux_host_memory_available_bytes") == 100 << 20
+    idle = families(make([Worker(0, stats=EngineStats())]))
+    assert value(idle, "inferflux_memory_pressure") == 0
+    with pytest.raises(KeyError):  # no worker has read its memory yet
+        value(idle, "inferflux_host_memory_available_bytes")

@@ -14,7 +14,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 import anyio
 
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
-from inferflux.errors import ConstraintFailed, EngineError, InferfluxError, QueueTimeout
+from inferflux.errors import (
+    ConstraintFailed,
+    EngineError,
+    InferfluxError,
+    KvCacheFull,
+    QueueTimeout,
+)
 from inferflux.models.serving import ServedEngine
 from inferflux.security.context import RequestContext
 
@@ -130,6 +136,8 @@ def check_delta(delta: RequestDelta) -> None:
     if delta.finish_reason is FinishReason.ERROR:
         if delta.error_code == ConstraintFailed.code:
             raise ConstraintFailed(delta.error or "the output constraint failed")
+        if delta.error_code == KvCacheFull.code:
+            raise KvCacheFull(f"{delta.error or 'no KV cache room'}; retry later")
         raise EngineError(f"generation failed in the engine: {delta.error or 'unknown error'}")
     if delta.finish_reason is FinishReason.TIMEOUT:
         raise QueueTimeout(

@@ -27,7 +27,7 @@ from llguidance import LLTokenizer
 from inferflux.engine.backends.base import DecodeChunk, Logprob, SamplerHandle, SamplerSpec
 from inferflux.engine.backends.llama_cpp_sampler import LogitMasker, Sampler
 from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_grammar
-from inferflux.errors import EngineError, ModelLoadError
+from inferflux.errors import EngineError, KvCacheFull, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -377,12 +377,15 @@ class LlamaCppBackend:
         """Run one `llama_decode` over `chunks` of (seq_id, token_ids, start_pos, n_logits).
 
         Returns, per chunk, the row of its last token's logits (-1 where n_logits is 0);
-        the chunk's other logits rows are the ones just before it. Raises EngineError if
-        llama.cpp rejects the batch; the KV of the batch's sequences is then undefined and
-        the caller must free them.
+        the chunk's other logits rows are the ones just before it. Raises KvCacheFull when
+        llama.cpp finds no KV room for the batch (nothing was computed), EngineError when
+        it rejects or fails the batch otherwise (the batch's sequences may then hold KV of
+        some of its positions: trim them back to their chunks' start positions).
         """
         rows = self._batch.fill(chunks)
         status = ll.llama_decode(self._ctx, self._batch.struct)
+        if status == 1:
+            raise KvCacheFull(f"no KV cache room for a batch of {self._batch.struct.n_tokens}")
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status}")
         return rows

@@ -1,0 +1,142 @@
+"""The latency-aware step budget: the online step-cost fit and the prompt cap it sets while
+sequences decode (pure logic: steps are described, not run)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferflux.scheduler import Scheduler
+from inferflux.scheduler.request import PriorityClass
+from inferflux.scheduler.scheduler import SchedulingPolicy
+from inferflux.scheduler.step_cost import StepCostModel
+from tests.unit.scheduler.test_scheduler import complete, make_request
+
+
+def test_the_fit_recovers_a_machines_step_costs_from_mixed_steps() -> None:
+    truth = (0.012, 0.004, 0.0018)  # intercept, per decoding sequence, per prompt token
+    model = StepCostModel()
+    rng = random.Random(7)
+    for _ in range(300):
+        decoding, tokens = rng.randint(0, 16), rng.choice([0, 0, 16, 64, 256, 512])
+        noise = rng.gauss(0, 0.002)
+        model.observe(decoding, tokens, truth[0] + truth[1] * decoding + truth[2] * tokens + noise)
+    assert model.theta == pytest.approx(truth, rel=0.15)
+    assert model.predict_s(8, 100) == pytest.approx(0.012 + 0.032 + 0.18, rel=0.05)
+
+
+def test_the_fit_follows_a_host_that_gets_slower() -> None:
+    model = StepCostModel()
+    for cost in (0.001, 0.003):  # the per-token cost triples (another job took the cores)
+        for i in range(400):
+            tokens = 32 * (i % 9)
+            model.observe(4, tokens, 0.01 + 0.002 * 4 + cost * tokens)
+    assert model.token_cost_s == pytest.approx(0.003, rel=0.05)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 64), st.floats(0.0, 2.0))
+def test_the_prompt_budget_never_predicts_a_step_over_the_target(
+    decoding: int, target_s: float
+) -> None:
+    model = StepCostModel(theta=[0.01, 0.003, 0.002])
+    budget = model.prompt_budget(decoding, target_s)
+    assert budget >= 0
+    if budget > 0:
+        assert model.predict_s(decoding, budget) <= target_s + 1e-9
+        assert model.predict_s(decoding, budget + 1) > target_s - 1e-9  # the largest such
+
+
+def _decoding_scheduler(itl_target_s: float, n_decoding: int = 4) -> Scheduler:
+    """Four sequences past their prompts, a known cost model: 10 ms + 5 ms per decoding
+    sequence + 1 ms per prompt token."""
+    sched = Scheduler(
+        max_num_seqs=8,
+        max_batch_tokens=512,
+        kv_capacity=None,
+        policy=SchedulingPolicy(itl_target_s=itl_target_s),
+    )
+    sched.step_cost = StepCostModel(theta=[0.010, 0.005, 0.001])
+    for i in range(n_decoding):
+        sched.add(make_request(f"d{i}", 4, max_tokens=100))
+    complete(sched.schedule())
+    return sched
+
+
+def test_off_a_long_prompt_takes_the_whole_budget_beside_decoding_sequences() -> None:
+    sched = _decoding_scheduler(0.0)
+    sched.add(make_request("long", 2000))
+    out = sched.schedule()
+    assert [len(c.token_ids) for c in out.chunks] == [1, 1, 1, 1, 508]
+
+
+def test_under_a_target_a_long_prompt_is_prefilled_in_steps_that_fit_it() -> None:
+    sched = _decoding_scheduler(0.150)  # 150 ms - 10 - 4 × 5 = 120 ms of prompt: 120 tokens
+    long = make_request("long", 2000)
+    sched.add(long)
+    sizes = []
+    for _ in range(3):
+        out = sched.schedule()
+        assert [len(c.token_ids) for c in out.chunks[:4]] == [1, 1, 1, 1]  # decodes first
+        sizes.append(len(out.chunks[4].token_ids))
+        complete(out)
+    assert sizes == [120, 120, 120]
+    assert long.num_computed_tokens == 360
+
+
+def test_a_high_priority_prompt_takes_twice_the_share_and_prompts_share_the_rest() -> None:
+    sched = _decoding_scheduler(0.150)
+    high = make_request("high", 2000)
+    high.priority = PriorityClass.HIGH
+    normal = make_request("normal", 2000)
+    sched.add(high)
+    sched.add(normal)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 240)]
+    complete(out)
+    sched.finish(high.request_id)
+    out = sched.schedule()
+    # alone, the normal prompt gets the normal share
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("normal", 120)]
+
+
+def test_prompts_still_progress_when_decoding_alone_exceeds_the_target() -> None:
+    sched = _decoding_scheduler(0.020)  # 10 ms + 4 × 5 ms = 30 ms > 20 ms
+    sched.add(make_request("long", 2000))
+    out = sched.schedule()
+    assert len(out.chunks[4].token_ids) == 16
+
+
+def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
+    sched = Scheduler(
+        max_num_seqs=8,
+        max_batch_tokens=512,
+        kv_capacity=None,
+        policy=SchedulingPolicy(itl_target_s=0.050),
+    )
+    sched.add(make_request("long", 2000))
+    assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]
+
+
+def test_memory_pressure_halves_the_step_budget_and_admissions() -> None:
+    sched = Scheduler(max_num_seqs=4, max_batch_tokens=64, kv_capacity=None)
+    sched.memory_pressure = True
+    for i in range(4):
+        sched.add(make_request(f"r{i}", 40))
+    out = sched.schedule()
+    # half the budget (32 tokens), and at most 2 of the 4 slots
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("r0", 32)]
+    complete(out)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("r0", 8),
+        ("r1", 24),
+    ]
+    complete(out)
+    assert sched.num_running == 2 and sched.num_waiting == 2
+    sched.memory_pressure = False
+    sched.schedule()
+    assert sched.num_running == 4
