@@ -90,6 +90,27 @@ def kv_tier_stats(statuses: list[WorkerStatus]) -> dict[str, int] | None:
     return {key: sum(getattr(t, key) for t in tiers) for key in KvTierStats.__struct_fields__}
 
 
+def speculative_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
+    """Speculative decoding over every worker, summed (None when it is off): drafts
+    verified and accepted whole, tokens drafted and accepted, the acceptance rate and
+    tokens per verified step (the speedup of a decode step before the rows' cost)."""
+    specs = [s.stats.speculative for s in statuses if s.stats.speculative is not None]
+    if not specs:
+        return None
+    total = {
+        key: sum(getattr(s, key) for s in specs)
+        for key in ("chunks", "chunks_accepted", "drafted_tokens", "accepted_tokens")
+    }
+    drafted, chunks = total["drafted_tokens"], total["chunks"]
+    return {
+        **total,
+        "acceptance_rate": round(total["accepted_tokens"] / drafted, 4) if drafted else 0.0,
+        "tokens_per_verification": (
+            round(1 + total["accepted_tokens"] / chunks, 4) if chunks else 0.0
+        ),
+    }
+
+
 def policy_stats(security: SecurityState) -> dict[str, object]:
     """The policy version this replica runs, and its replication's state (None without
     `redis.url`): Redis reachable, when the version was applied, the last lag."""
@@ -148,6 +169,7 @@ async def server_stats(
         "kv_cells_total": sum(s.stats.kv_cells_total for s in statuses),
         "prefix_cache": cache_stats(statuses),
         "kv_tiers": kv_tier_stats(statuses),
+        "speculative": speculative_stats(statuses),
         "routing": routing_stats(state.settings.scheduler.routing, statuses),
         "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],
@@ -158,6 +180,7 @@ async def server_stats(
                 "default": v.is_default,
                 "num_in_flight": v.num_in_flight,
                 "num_workers": len(v.workers),
+                "speculative": speculative_stats(list(v.workers)),
             }
             for v in models.models()
         ],  # fmt: skip

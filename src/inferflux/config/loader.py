@@ -47,6 +47,10 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_NVME_OFFLOAD_PATH": "runtime.nvme_offload.path",
     "INFERFLUX_KV_CPU_PAGES": "runtime.paged_kv.cpu_pages",
     "INFERFLUX_KV_EVICTION": "runtime.paged_kv.eviction",
+    "INFERFLUX_SPECULATIVE_ENABLED": "runtime.speculative_decoding.enabled",
+    "INFERFLUX_SPEC_DRAFT_MODEL": "runtime.speculative_decoding.draft_model",
+    "INFERFLUX_SPEC_MAX_PREFILL": "runtime.speculative_decoding.max_prefill",
+    "INFERFLUX_SPEC_CHUNK_SIZE": "runtime.speculative_decoding.max_draft_tokens",
 }
 # Keys whose values are secrets: never quoted in an error message, and (ENV_ONLY) refused
 # anywhere but the environment.

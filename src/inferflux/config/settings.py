@@ -31,6 +31,7 @@ from inferflux.config.security_settings import (
     RateLimitSettings,
     RedisSettings,
 )
+from inferflux.config.speculative_settings import SpeculativeSettings
 
 
 class _Section(BaseModel):
@@ -231,6 +232,10 @@ class RuntimeSettings(_Section):
                 "runtime.nvme_offload.path (env INFERFLUX_NVME_OFFLOAD_PATH)"
             )
         return self
+
+    speculative_decoding: SpeculativeSettings = Field(
+        default_factory=SpeculativeSettings  # type: ignore[arg-type]
+    )
 
 
 class FairnessSettings(_Section):

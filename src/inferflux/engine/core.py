@@ -30,9 +30,12 @@ from inferflux.engine.messages import (
     Priority,
     RequestDelta,
     SamplingParams,
+    SpeculativeStats,
     StepStats,
     TokenLogprob,
 )
+from inferflux.engine.spec_verify import merge_deltas, verify_draft
+from inferflux.engine.speculative import NgramProposer
 from inferflux.engine.step_recorder import StepRecorder
 from inferflux.errors import ConstraintFailed, EngineError, KvCacheFull
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
@@ -87,11 +90,20 @@ class EngineCore:
     """Continuous batching over one backend. Every method mutates; call from one thread."""
 
     def __init__(
-        self, backend: ModelBackend, scheduler: Scheduler, kv_offload: KvOffload | None = None
+        self,
+        backend: ModelBackend,
+        scheduler: Scheduler,
+        speculator: NgramProposer | None = None,
+        *,
+        kv_offload: KvOffload | None = None,
     ) -> None:
+        """`speculator`: speculative decoding (None = off); it becomes the scheduler's
+        draft proposer. `kv_offload`: the prefix cache's host/disk tiers (kv_offload.py)."""
         self.backend = backend
         self.scheduler = scheduler
-        self.kv_offload = kv_offload  # the prefix cache's host/disk tiers (kv_offload.py)
+        self.kv_offload = kv_offload
+        self.speculator = speculator
+        scheduler.draft_proposer = speculator
         self._states: dict[RequestId, _SequenceState] = {}
         # constrained requests held back until the backend can build their samplers
         self._deferred: list[AddRequest] = []
@@ -134,6 +146,8 @@ class EngineCore:
             logger.exception("could not build the sampler of %s", message.request_id)
             return [_error_delta(message.request_id, "invalid sampling parameters", 0)]
         self.scheduler.add(request)
+        if self.speculator is not None:
+            self.speculator.register(request, enabled=message.sampling.speculative)
         self._states[request.request_id] = _SequenceState(
             sampling=message.sampling,
             sampler=sampler,
@@ -190,7 +204,10 @@ class EngineCore:
         deltas.extend(self._run_chunks(chunks, evicted=False))
         self._stats.num_steps += 1
         self._recorder.on_step_done(chunks, output.num_tokens, started_at)
-        decoding = sum(1 for c in chunks if c.sample and len(c.token_ids) == 1)
+        # draft rows are decode-shaped rows (one logits row per token)
+        decoding = sum(
+            1 + len(c.draft_token_ids) for c in chunks if c.sample and len(c.token_ids) == 1
+        )
         self.scheduler.observe_step(
             decoding, output.num_tokens - decoding, time.monotonic() - started_at
         )
@@ -204,7 +221,8 @@ class EngineCore:
         the next decode overwrites the logits) on its own, down to single requests, and
         only a request that fails alone finishes with an error."""
         plan: list[DecodeChunk] = [
-            (c.seq_id, c.token_ids, c.start_pos, self._n_logits(c)) for c in chunks
+            (c.seq_id, c.token_ids + list(c.draft_token_ids), c.start_pos, self._n_logits(c))
+            for c in chunks
         ]
         decode_started = time.monotonic()
         try:
@@ -297,7 +315,7 @@ class EngineCore:
     def _n_logits(self, chunk: ScheduledChunk) -> int:
         if _scores_prompt(chunk, self._states[chunk.request.request_id]):
             return len(chunk.token_ids)
-        return 1 if chunk.sample else 0
+        return 1 + len(chunk.draft_token_ids) if chunk.sample else 0
 
     def _apply_kv_ops(self, ops: list[KvOp]) -> set[RequestId]:
         """Run the scheduler's KV copies and frees in order. A cache hit whose copy
@@ -335,6 +353,8 @@ class EngineCore:
 
     def _timed_out(self, request: Request) -> RequestDelta:
         self._recorder.on_finished(request, FinishReason.TIMEOUT)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         state = self._states.pop(request.request_id)
         state.sampler.close()
         delta = _delta(request, "", [])
@@ -354,9 +374,26 @@ class EngineCore:
             request.num_computed_tokens += len(chunk.token_ids)
             if request.num_computed_tokens <= request.num_prompt_tokens:
                 self._stats.num_prompt_tokens_total += len(chunk.token_ids)
-            if chunk.sample:
+            if chunk.draft_token_ids:
+                deltas.append(self._verify(chunk, row))
+            elif chunk.sample:
                 deltas.append(self._sample_isolated(chunk, row))
         return deltas
+
+    def _verify(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
+        """Emit the tokens a draft yields (engine/spec_verify.py), record its outcome and
+        drop the KV of rejected draft tokens (a refused trim recomputes the sequence)."""
+        request = chunk.request
+        deltas, accepted = verify_draft(chunk, row, lambda r: self._sample_isolated(chunk, r))
+        assert self.speculator is not None  # drafts come from it
+        self.speculator.record(request, len(chunk.draft_token_ids), accepted)
+        merged = merge_deltas(deltas)
+        merged.num_draft_tokens = request.num_draft_tokens
+        merged.num_draft_accepted = request.num_draft_accepted
+        rejected = merged.finish_reason is None and accepted < len(chunk.draft_token_ids)
+        if rejected and not self.backend.trim_seq(chunk.seq_id, request.num_computed_tokens):
+            self.scheduler.cache_copy_failed(request)  # recompute from the start
+        return merged
 
     def _score_prompt(self, chunk: ScheduledChunk, row: int, state: _SequenceState) -> None:
         """Logprobs of the prompt tokens this chunk's logits predict (the next ones)."""
@@ -432,6 +469,8 @@ class EngineCore:
         """Remove the request, free its KV and sampler; the last delta carries held text
         unless a stop string matched (that text is never released)."""
         self._recorder.on_finished(request, reason)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         _, ops = self.scheduler.finish(request.request_id, cache=reason in _CACHEABLE)
         self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)
@@ -468,6 +507,7 @@ class EngineCore:
             fairness=_fairness_stats(self.scheduler),
             prefix_cache=_prefix_stats(self.scheduler),
             kv_tiers=_tier_stats(self.kv_offload),
+            speculative=_spec_stats(self.speculator),
         )
 
     def close(self) -> None:
@@ -475,6 +515,8 @@ class EngineCore:
         self.abort_requests(self.request_ids())
         if self.kv_offload is not None:
             self.kv_offload.close(self.scheduler.prefix_cache)  # the final snapshot
+        if self.speculator is not None:
+            self.speculator.close()
         self.backend.close()
 
 
@@ -511,6 +553,18 @@ def _tier_stats(offload: KvOffload | None) -> KvTierStats | None:
     return msgspec.structs.replace(offload.stats) if offload is not None else None
 
 
+def _spec_stats(speculator: NgramProposer | None) -> SpeculativeStats | None:
+    if speculator is None:
+        return None
+    c = speculator.counters
+    return SpeculativeStats(
+        chunks=c.chunks,
+        chunks_accepted=c.chunks_accepted,
+        drafted_tokens=c.drafted_tokens,
+        accepted_tokens=c.accepted_tokens,
+    )
+
+
 def _scores_prompt(chunk: ScheduledChunk, state: _SequenceState) -> bool:
     """True when this chunk's prompt positions still need their logprobs (not when a
     preempted request recomputes them)."""
@@ -528,6 +582,8 @@ def _delta(request: Request, text: str, token_ids: list[int]) -> RequestDelta:
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=len(request.output_token_ids),
         num_cached_tokens=request.num_cached_tokens,
+        num_draft_tokens=request.num_draft_tokens,
+        num_draft_accepted=request.num_draft_accepted,
     )
 
 

@@ -90,6 +90,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # regexes into one), enforced token by token; None = unconstrained. The request
     # finishes (STOP) as soon as the grammar is complete.
     constraint: str | None = None
+    # False: never speculate for this request (runtime.speculative_decoding does otherwise)
+    speculative: bool = True
 
 
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):
@@ -179,6 +181,9 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     # on the first delta only, when SamplingParams.prompt_logprobs is set: one entry per
     # prompt token, None for the first (nothing predicts it)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # speculative decoding so far (llama-server's draft_n / draft_n_accepted)
+    num_draft_tokens: int = 0
+    num_draft_accepted: int = 0
 
 
 class FairnessStats(msgspec.Struct, kw_only=True):
@@ -227,6 +232,15 @@ class KvTierStats(msgspec.Struct, kw_only=True):
     quota_evictions: int = 0
 
 
+class SpeculativeStats(msgspec.Struct, kw_only=True):
+    """Speculative decoding counters since the worker started (engine/speculative.py)."""
+
+    chunks: int = 0  # drafts verified
+    chunks_accepted: int = 0  # drafts accepted whole
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens accepted: "tokens reused"
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """A worker's state after its latest step (or when idle)."""
 
@@ -245,6 +259,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     fairness: FairnessStats = msgspec.field(default_factory=FairnessStats)
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off
     kv_tiers: KvTierStats | None = None  # None without host/disk tiers (kv_offload.py)
+    speculative: SpeculativeStats | None = None  # None when speculative decoding is off
 
 
 class Admission(msgspec.Struct, array_like=True):

@@ -29,6 +29,7 @@ import zmq
 
 from inferflux.config.kv_settings import KvPersistenceSettings, NvmeOffloadSettings, PagedKvSettings
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
+from inferflux.config.speculative_settings import SpeculativeSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
 from inferflux.engine.core import EngineCore
@@ -54,6 +55,8 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
+from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
+from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
 from inferflux.engine.stream_buffer import StreamBuffer
 from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging, update_log_policy
@@ -100,6 +103,7 @@ class WorkerConfig:
     kv_persistence: KvPersistenceSettings = field(
         default_factory=KvPersistenceSettings  # type: ignore[arg-type]
     )
+    speculative: SpecConfig | None = None  # speculative decoding; None = off
 
 
 def worker_config(
@@ -150,6 +154,22 @@ def worker_config(
         paged_kv=runtime.paged_kv,
         nvme_offload=runtime.nvme_offload,
         kv_persistence=runtime.kv_persistence,
+        speculative=spec_config(runtime.speculative_decoding),
+    )
+
+
+def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
+    """The engine's speculative settings, or None when off."""
+    if not settings.enabled:
+        return None
+    return SpecConfig(
+        max_draft_tokens=settings.max_draft_tokens,
+        max_prefill=settings.max_prefill,
+        min_acceptance=settings.min_acceptance,
+        max_batch=settings.max_batch,
+        probe_after=settings.probe_after,
+        cost=StepCost(settings.second_row_cost, settings.extra_row_cost),
+        draft_model=settings.draft_model if settings.mode == "draft" else None,
     )
 
 
@@ -241,7 +261,32 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     )
     if offload is not None:
         scheduler.lower_tiers = offload
-    return EngineCore(backend, scheduler, kv_offload=offload)
+    return EngineCore(backend, scheduler, _speculator(config, backend), kv_offload=offload)
+
+
+def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer | None:
+    """The draft proposer of `config.speculative` (None = off): n-gram, or a draft model
+    in a context of its own, one sequence per running slot."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    if spec.draft_model is None:
+        return NgramProposer(spec)
+    context = dataclasses.replace(
+        config.context,
+        model_path=spec.draft_model,
+        n_seq_max=config.max_num_seqs,
+        kv_unified=False,
+        lora=(),
+    )
+    draft = LlamaCppBackend(context)
+    try:
+        check_same_vocab(backend, draft, (backend.n_vocab, draft.n_vocab))
+    except ModelLoadError:
+        draft.close()
+        backend.close()
+        raise
+    return DraftModelProposer(spec, draft=draft, batch_tokens=config.max_batch_tokens)
 
 
 def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:

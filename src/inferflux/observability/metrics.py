@@ -120,6 +120,20 @@ class KvTiersView(Protocol):
     def dropped_writes(self) -> int: ...
 
 
+class SpeculativeView(Protocol):
+    """What the collector reads of a worker's speculative decoding (engine
+    `SpeculativeStats`)."""
+
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def chunks_accepted(self) -> int: ...
+    @property
+    def drafted_tokens(self) -> int: ...
+    @property
+    def accepted_tokens(self) -> int: ...
+
+
 class EngineStatsView(Protocol):
     """What the collector reads of a worker's latest state (engine `EngineStats`)."""
 
@@ -147,6 +161,8 @@ class EngineStatsView(Protocol):
     def prefix_cache(self) -> PrefixCacheView | None: ...
     @property
     def kv_tiers(self) -> KvTiersView | None: ...
+    @property
+    def speculative(self) -> SpeculativeView | None: ...
 
 
 class RoutingView(Protocol):
@@ -523,6 +539,7 @@ class WorkerCollector(Collector):
         yield from _fairness([s.fairness for s in stats])
         yield from _prefix([s.prefix_cache for s in stats if s.prefix_cache is not None])
         yield from _kv_tiers([s.kv_tiers for s in stats if s.kv_tiers is not None])
+        yield from _speculative([s.speculative for s in stats if s.speculative is not None])
         yield from _liveness(workers)
         yield _routing(workers)
 
@@ -684,6 +701,34 @@ def _kv_tiers(tiers: list[KvTiersView]) -> Iterator[Metric]:
         "inferflux_kv_dropped_writes",
         "Evicted entries dropped because the disk write queue was full",
         sum(t.dropped_writes for t in tiers),
+    )
+
+
+def _speculative(specs: list[SpeculativeView]) -> Iterator[Metric]:
+    """Speculative decoding (spec names); rates are 0 before the first draft."""
+    chunks = sum(s.chunks for s in specs)
+    drafted = sum(s.drafted_tokens for s in specs)
+    accepted = sum(s.accepted_tokens for s in specs)
+    yield _counter("inferflux_spec_chunks", "Speculative drafts verified", chunks)
+    yield _counter(
+        "inferflux_spec_chunks_accepted",
+        "Speculative drafts accepted whole",
+        sum(s.chunks_accepted for s in specs),
+    )
+    yield _counter("inferflux_spec_drafted_tokens", "Tokens drafted", drafted)
+    yield _counter(
+        "inferflux_spec_tokens_reused", "Drafted tokens accepted into the output", accepted
+    )
+    yield _gauge(
+        "inferflux_spec_acceptance_rate",
+        "Drafted tokens accepted / drafted since start",
+        accepted / drafted if drafted else 0.0,
+    )
+    yield _gauge(
+        "inferflux_spec_tokens_per_verification",
+        "Tokens a speculating sequence emits per verified step (1 + accepted / drafts): "
+        "the decode-step speedup before the cost of the extra rows",
+        1.0 + accepted / chunks if chunks else 0.0,
     )
 
 

@@ -50,6 +50,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_preemptions: int = 0  # > 0: it ran, gave its slot back, and waits to resume
     output_len_at_admit: int = 0  # len(output_token_ids) when last admitted (timeslices)
+    num_draft_tokens: int = 0  # speculative tokens drafted for it, in all
+    num_draft_accepted: int = 0  # of those, the ones verification accepted
 
     @property
     def started(self) -> bool:
@@ -101,6 +103,8 @@ class ScheduledChunk:
     token_ids: list[int]
     start_pos: int
     sample: bool  # True when the chunk ends at the last known token: sample the next one
+    # speculative tokens fed after `token_ids` (all with logits) to verify (scheduler/drafts.py)
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

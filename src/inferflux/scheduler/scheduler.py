@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
@@ -155,6 +156,7 @@ class Scheduler:
         self._reserved_cells = 0
         self._last_timeout_scan = float("-inf")
         self.lower_tiers: LowerTiers | None = None  # host/disk tiers (engine/kv_offload.py)
+        self.draft_proposer: DraftProposer | None = None  # speculative decoding (drafts.py)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -274,6 +276,8 @@ class Scheduler:
             chunks.append(chunk)
             allowance.take(len(chunk.token_ids))
         budget -= allowance.taken
+        if self.draft_proposer is not None:
+            budget = attach_drafts(chunks, self.draft_proposer, budget)
         return SchedulerOutput(
             chunks=chunks,
             num_tokens=self.max_batch_tokens - budget,

@@ -75,6 +75,8 @@ class ChoiceResult:
     logprobs: list[TokenEntry] = field(default_factory=list)
     structured: StructuredCheck | None = None
     stop_sequence: str | None = None  # the stop string that ended it (STOP_SEQUENCE)
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted
+    num_draft_accepted: int = 0  # of those, accepted into the output
 
     @property
     def index(self) -> int:
@@ -102,6 +104,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding, over every choice
+    draft_accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -16,6 +16,7 @@ fields, Ollama inside `options`), with llama-server's names and ranges.
 | `xtc_probability`, `xtc_threshold` | 0 (off), 0.1 | XTC: sometimes exclude the top choices |
 | `repeat_last_n` | 64 | tokens the repeat penalties look back over (-1 = the context) |
 | `samplers` | llama.cpp's order | which samplers run and in what order |
+| `speculative` | true | false: no speculative decoding for this request (docs/speculative.md) |
 
 Out-of-range values are a 400 naming the field, like every other field.
 """
@@ -55,6 +56,7 @@ class SamplerOptions(BaseModel):
     xtc_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_last_n: int | None = Field(default=None, ge=-1, le=_INT32_MAX)  # -1: the context
     samplers: list[SamplerName] | None = Field(default=None, max_length=len(DEFAULT_SAMPLER_ORDER))
+    speculative: bool | None = None  # False: opt out of speculative decoding
 
     @field_validator("samplers")
     @classmethod

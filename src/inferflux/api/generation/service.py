@@ -69,6 +69,7 @@ class ChoiceRun:
         self.token_ids: list[int] = []
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.draft = (0, 0)  # speculative decoding: drafted, accepted
         self.first_token_ns: int | None = None
         self.stop_sequence: str | None = None
         self.last_delta_ns = 0
@@ -84,6 +85,7 @@ class ChoiceRun:
         if finish is not None:
             check_delta(delta)
             self.stop_sequence = delta.stop_sequence
+            self.draft = (delta.num_draft_tokens, delta.num_draft_accepted)  # totals
         text = delta.text
         self.last_delta_ns = now = time.monotonic_ns()
         if delta.token_ids:
@@ -131,6 +133,8 @@ class ChoiceRun:
             logprobs=self.entries,
             structured=structured,
             stop_sequence=self.stop_sequence,
+            num_draft_tokens=self.draft[0],
+            num_draft_accepted=self.draft[1],
         )
         return ChoiceClosed(rest, self.result)
 
@@ -238,7 +242,9 @@ def usage_of(results: list[ChoiceResult]) -> Usage:
     prompt_tokens = sum(rs[0].num_prompt_tokens for rs in by_prompt.values())
     cached = sum(min(r.num_cached_tokens for r in rs) for rs in by_prompt.values())
     completion = sum(r.num_output_tokens for r in results)
-    return Usage(prompt_tokens, completion, cached)
+    drafted = sum(r.num_draft_tokens for r in results)
+    accepted = sum(r.num_draft_accepted for r in results)
+    return Usage(prompt_tokens, completion, cached, drafted, accepted)
 
 
 class GenerationService:

@@ -107,6 +107,8 @@ class NativeTimings(_Strict):
         ge=0.0, allow_inf_nan=False, description="seconds to the first token; null if none"
     )
     total_s: float = Field(ge=0.0, allow_inf_nan=False, description="seconds to the end")
+    draft_n: int = Field(0, ge=0, description="speculative decoding: tokens drafted")
+    draft_n_accepted: int = Field(0, ge=0, description="of those, accepted into the output")
 
 
 RequestIdField = Field(description="the engine's id of this request")

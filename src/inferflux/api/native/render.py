@@ -26,6 +26,7 @@ from inferflux.api.generation import (
     GenerationSpec,
     Prompt,
     Timings,
+    Usage,
     text_of,
 )
 from inferflux.api.native.protocol import (
@@ -70,12 +71,18 @@ def usage_of(result: ChoiceResult) -> NativeUsage:
     )
 
 
-def timings_of(timings: Timings) -> NativeTimings:
-    """Time to the first token and in all, from the route's start until now."""
+def timings_of(timings: Timings, usage: Usage) -> NativeTimings:
+    """Time to the first token and in all, from the route's start until now; the
+    speculative drafts (llama-server's `draft_n` / `draft_n_accepted`)."""
     started = timings.started_ns
     first = timings.first_token_ns
     ttft = None if first is None else (first - started) / 1e9
-    return NativeTimings(ttft_s=ttft, total_s=(time.monotonic_ns() - started) / 1e9)
+    return NativeTimings(
+        ttft_s=ttft,
+        total_s=(time.monotonic_ns() - started) / 1e9,
+        draft_n=usage.draft_tokens,
+        draft_n_accepted=usage.draft_accepted_tokens,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +130,7 @@ class NativeRenderer:
                 token=self._held,
                 finish_reason=_NATIVE_FINISH[result.finish_reason],
                 usage=usage_of(result),
-                timings=timings_of(event.result.timings),
+                timings=timings_of(event.result.timings, event.result.usage),
             )
             return (self._event(last),)
         return ()
@@ -145,6 +152,6 @@ class NativeRenderer:
             text=choice.text,
             finish_reason=_NATIVE_FINISH[choice.finish_reason],
             usage=usage_of(choice),
-            timings=timings_of(result.timings),
+            timings=timings_of(result.timings, result.usage),
         )
         return self.build(outcome)

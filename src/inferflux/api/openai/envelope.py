@@ -15,7 +15,9 @@ from inferflux.api.sse import sse_data
 
 
 def usage_body(usage: Usage) -> dict[str, object]:
-    """OpenAI's `usage` object."""
+    """OpenAI's `usage` object. Speculative decoding reports as Predicted Outputs do:
+    drafted tokens that made it into the output are `accepted_prediction_tokens`, the
+    others `rejected_prediction_tokens` (docs/speculative.md)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -24,8 +26,8 @@ def usage_body(usage: Usage) -> dict[str, object]:
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
-            "accepted_prediction_tokens": 0,
-            "rejected_prediction_tokens": 0,
+            "accepted_prediction_tokens": usage.draft_accepted_tokens,
+            "rejected_prediction_tokens": usage.draft_tokens - usage.draft_accepted_tokens,
         },
     }
 

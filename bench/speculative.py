@@ -1,0 +1,252 @@
+"""Speculative decoding, side by side: InferFlux off / on / on-wide and llama-server's
+speculative modes, on copy-heavy and free-form chat workloads, both models, c = 1, 4, 8.
+
+    INFERFLUX_COMPARE_CACHE=/work/cache-compare .venv/bin/python bench/speculative.py
+    # smoke: one model, one level, a few tokens
+    INFERFLUX_COMPARE_CACHE=/work/cache-compare .venv/bin/python bench/speculative.py \\
+        --models smollm2 --levels 1 --per-client 1 --max-tokens 16 \\
+        --configs inferflux-off,inferflux-on,llama-server-ngram-simple
+
+Workloads (greedy, `max_tokens`, the model may stop early; tok/s = completion tokens /
+wall time of the level, all clients together):
+- `edit`:  a code file of this repository and "output the whole file with <name> renamed";
+- `quote`: a document (README sections) and a question answered by quoting it;
+- `chat`:  free-form questions (nothing to copy).
+
+Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflux-on`
+(the defaults), `inferflux-on-wide` (max_batch 16: no batch-size gate, goodput gate only),
+`inferflux-draft` (mode draft, `--draft-model`, default the model itself: mechanics only),
+`llama-server` (no speculation) and `llama-server-<type>` for each `--spec-type` this
+build lists (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and
+`llama-server-draft` (draft-simple with the model as its own draft: the only pair that
+exists here; it shows the mechanism's cost, not a real draft's gain). Each server is
+started once per model with 8 sequences. Results: bench/results/speculative.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from compare import toolchain
+from compare.models import MODELS, load_model
+from compare.servers import Model, Server, Toolchain, make_server, running
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+LOGS = toolchain.CACHE / "logs"
+PARALLEL = 8
+LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+CONFIGS = (
+    "inferflux-off",
+    "inferflux-on",
+    "inferflux-on-wide",
+    "inferflux-draft",
+    "llama-server",
+    *(f"llama-server-{t}" for t in LLAMA_SPEC_TYPES),
+    "llama-server-draft",
+)
+WORKLOADS = ("edit", "quote", "chat")
+_EDITS = (
+    ("src/inferflux/scheduler/drafts.py", "attach_drafts", "add_drafts"),
+    ("src/inferflux/engine/spec_verify.py", "merge_deltas", "join_deltas"),
+    ("src/inferflux/scheduler/request.py", "tokens_to_compute", "next_tokens"),
+    ("src/inferflux/engine/detokenizer.py", "push", "feed"),
+)
+_QUESTIONS = (
+    "Write a short story about a fox who learns to fly.",
+    "Explain how a refrigerator works.",
+    "What are the benefits of regular exercise?",
+    "Describe a day in the life of a baker.",
+    "Why is the sky blue?",
+    "Give advice to someone learning to program.",
+    "Tell me about the history of Rome.",
+    "How do plants grow from seeds?",
+)
+
+
+def _prompts(workload: str) -> list[str]:
+    if workload == "edit":
+        out = []
+        for path, old, new in _EDITS:
+            code = (REPO / path).read_text(encoding="utf-8")[:2400]
+            out.append(
+                f"```python\n{code}\n```\n\nOutput the whole file above again, unchanged "
+                f"except that `{old}` is renamed to `{new}` everywhere."
+            )
+        return out
+    if workload == "quote":
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        parts = [readme[i : i + 2400] for i in range(0, min(len(readme), 9600), 2400)]
+        return [
+            f"Document:\n{doc}\n\nQuote the first two paragraphs of the document word for "
+            "word, then say which one is longer."
+            for doc in parts
+        ]
+    return list(_QUESTIONS)
+
+
+def _server(config: str, tools: Toolchain, model: Model, port: int, draft: str | None) -> Server:
+    if config.startswith("inferflux"):
+        base = make_server("inferflux", tools, model, port, PARALLEL)
+        env = dict(base.env)
+        env["INFERFLUX_SPECULATIVE_ENABLED"] = "false" if config == "inferflux-off" else "true"
+        if config == "inferflux-on-wide":
+            env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MAX_BATCH"] = "16"
+        if config == "inferflux-draft":
+            env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MODE"] = "draft"
+            env["INFERFLUX_SPEC_DRAFT_MODEL"] = draft or model.path
+        return Server(config, base.argv, base.ready_path, env, base.ignore_eos)
+    base = make_server("llama-server", tools, model, port, PARALLEL)
+    extra: list[str] = []
+    if config == "llama-server-draft":
+        extra = ["--spec-type", "draft-simple", "-md", draft or model.path]
+    elif config != "llama-server":
+        extra = ["--spec-type", config.removeprefix("llama-server-")]
+    return Server(config, [*base.argv, *extra], base.ready_path, base.env, base.ignore_eos)
+
+
+async def _client(
+    http: httpx.AsyncClient, url: str, prompts: list[str], max_tokens: int
+) -> tuple[int, int, int]:
+    """Send `prompts` one after another: (completion tokens, drafted, accepted)."""
+    tokens = drafted = accepted = 0
+    for prompt in prompts:
+        body: dict[str, Any] = {  # Any: JSON
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        response = await http.post(f"{url}/v1/chat/completions", json=body, timeout=1800)
+        response.raise_for_status()
+        data = response.json()
+        tokens += data["usage"]["completion_tokens"]
+        timings = data.get("timings") or {}  # llama-server's
+        if "draft_n" in timings:
+            drafted += timings["draft_n"]
+            accepted += timings.get("draft_n_accepted", 0)
+        else:  # InferFlux's, in OpenAI's Predicted Outputs fields
+            details = data["usage"].get("completion_tokens_details") or {}
+            accepted += details.get("accepted_prediction_tokens", 0)
+            drafted += details.get("accepted_prediction_tokens", 0)
+            drafted += details.get("rejected_prediction_tokens", 0)
+    return tokens, drafted, accepted
+
+
+async def _level(url: str, model: Model, workload: str, c: int, args: Any) -> dict[str, Any]:
+    prompts = _prompts(workload)
+    per_client = [
+        [prompts[(i * args.per_client + j) % len(prompts)] for j in range(args.per_client)]
+        for i in range(c)
+    ]
+    async with httpx.AsyncClient() as http:
+        await _client(http, url, prompts[:1], 4)  # warm
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(_client(http, url, p, args.max_tokens) for p in per_client)
+        )
+        elapsed = time.perf_counter() - started
+    tokens = sum(r[0] for r in results)
+    drafted = sum(r[1] for r in results)
+    accepted = sum(r[2] for r in results)
+    return {
+        "workload": workload,
+        "concurrency": c,
+        "tokens": tokens,
+        "seconds": round(elapsed, 3),
+        "tok_s": round(tokens / elapsed, 3),
+        "drafted": drafted,
+        "accepted": accepted,
+    }
+
+
+def run_model(key: str, tools: Toolchain, args: Any) -> list[dict[str, Any]]:
+    model = load_model(key)
+    rows: list[dict[str, Any]] = []
+    for config in args.configs:
+        if config.startswith("llama-server") and not tools.llama_server:
+            continue
+        server = _server(config, tools, model, args.port, args.draft_model)
+        with running(server, args.port, LOGS / f"speculative-{key}-{config}.log") as live:
+            for workload in args.workloads:
+                for c in args.levels:
+                    row = asyncio.run(_level(live.url, model, workload, c, args))
+                    row.update(model=key, config=config)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], configs: list[str]) -> str:
+    """One table per model: rows (workload, c), columns tok/s per config, then × off."""
+    out = []
+    for key in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == key]
+        present = [c for c in configs if any(r["config"] == c for r in mine)]
+        out.append(f"### {key}\n")
+        out.append("| workload | c | " + " | ".join(present) + " |")
+        out.append("| --- | --- |" + " --- |" * len(present))
+        for workload in dict.fromkeys(r["workload"] for r in mine):
+            for c in sorted({r["concurrency"] for r in mine if r["workload"] == workload}):
+                cells = {
+                    r["config"]: r
+                    for r in mine
+                    if r["workload"] == workload and r["concurrency"] == c
+                }
+                off = cells.get("inferflux-off")
+                texts = []
+                for config in present:
+                    row = cells.get(config)
+                    if row is None:
+                        texts.append("–")
+                        continue
+                    ratio = f" ({row['tok_s'] / off['tok_s']:.2f}×)" if off else ""
+                    texts.append(f"{row['tok_s']:.1f}{ratio}")
+                out.append(f"| {workload} | {c} | " + " | ".join(texts) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--levels", default="1,4,8")
+    p.add_argument("--per-client", type=int, default=2, help="requests each client sends")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--port", type=int, default=18431)
+    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
+    p.add_argument("--out", default=str(RESULTS / "speculative"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    unknown = set(args.configs) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(CONFIGS)}")
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.levels = [int(x) for x in args.levels.split(",")]
+    needs_llama = any(c.startswith("llama-server") for c in args.configs)
+    tools = Toolchain(toolchain.llama_server().binary if needs_llama else None, None)
+    rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    table = markdown(rows, args.configs)
+    out.with_suffix(".md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Speculative decoding: n-gram (prompt-lookup) drafts, the acceptance rule, adaptivity.
+
+Owns: `NgramIndex` (a request's own prompt and output, indexed so the longest recent
+suffix of 4..2 tokens finds its previous occurrence in O(1)), `accept`/`residual` (the
+rejection-sampling rule for a stochastic draft), `AcceptanceTracker` (per-request rolling
+acceptance with pause and probe), and `NgramProposer`, the scheduler's `DraftProposer`:
+which decoding requests get a draft this step, and how long. Does not own verification
+(engine/spec_verify.py: sampling the target rows) or the KV (EngineCore trims it).
+Pure logic: no llama.cpp. Thread rule: the engine thread only.
+
+Why verification keeps the output distribution (docs/speculative.md has the long form).
+An n-gram draft is deterministic: its q is one-hot on the drafted token x. The standard
+rule accepts x with probability min(1, p(x)/q(x)) = p(x), and on rejection samples from
+norm(max(0, p - q)) = p with x removed. "Sample the target at this position and accept
+while the sample equals x" gives x with probability p(x) and any other y with
+p(y) = (1 - p(x)) · p(y)/(1 - p(x)): the same law. So EngineCore samples each verified row
+with the request's own sampler chain and emits every sampled token (the one at the first
+mismatch too); no token is ever sampled and then thrown away, so the chain's state
+(penalty history, DRY, the RNG, the grammar matcher) sees exactly the tokens it would have
+seen without speculation, and seeded or greedy outputs match token for token (up to the
+floating-point effect of a different batch shape on the logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from inferflux.scheduler import Request, RequestId
+
+NGRAM_MAX = 4  # longest suffix looked up
+NGRAM_MIN = 2  # shortest (a 1-gram match is mostly chance in free text: measured)
+MATCH_CAP = 32  # match lengths are measured up to this
+
+
+def match_prior(length: int) -> float:
+    """Expected per-token acceptance of a draft whose context matched `length` tokens:
+    1 - 1/length (4 → 0.75, 8 → 0.875, 32 → 0.97). Free text repeats 2–5-token
+    phrases by chance; copying matches long stretches (bench/speculative.py)."""
+    return 1.0 - 1.0 / max(length, 1)
+
+
+class NgramIndex:
+    """The most recent earlier end position of every 1..NGRAM_MAX-gram of a token list.
+
+    `extend` appends tokens (amortised O(1) per token); `propose(k)` returns up to `k`
+    tokens that followed the most recent earlier occurrence of the longest suffix
+    (NGRAM_MAX down to NGRAM_MIN tokens) of the list, or [] when no suffix occurred before.
+    """
+
+    def __init__(self, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> None:
+        self.tokens: list[int] = []
+        self.n_max = n_max
+        self.n_min = n_min
+        # n-gram → end index of its latest occurrence that is not the current suffix
+        self._last: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append `tokens`. NOTE: the n-grams ending at the last token are indexed only
+        when the next token arrives, so a lookup never finds the suffix itself."""
+        for token in tokens:
+            self._index_end(len(self.tokens) - 1)
+            self.tokens.append(token)
+
+    def _index_end(self, end: int) -> None:
+        if end < 0:
+            return
+        for n in range(1, self.n_max + 1):
+            if end - n + 1 < 0:
+                break
+            self._last[tuple(self.tokens[end - n + 1 : end + 1])] = end
+
+    def propose(self, k: int) -> list[int]:
+        """Up to `k` tokens that followed the longest earlier occurrence of a suffix."""
+        return self.propose_matched(k)[0]
+
+    def propose_matched(self, k: int) -> tuple[list[int], int]:
+        """`propose(k)` and how many tokens before the draft match (at most
+        MATCH_CAP): a long match means the output is copying, a short one is chance."""
+        tokens = self.tokens
+        size = len(tokens)
+        if k <= 0:
+            return [], 0
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            end = self._last.get(tuple(tokens[size - n :]))
+            if end is not None:
+                length = n
+                while (
+                    length < MATCH_CAP
+                    and end - length >= 0
+                    and tokens[end - length] == tokens[size - 1 - length]
+                ):
+                    length += 1
+                return tokens[end + 1 : end + 1 + k], length
+        return [], 0
+
+
+def propose_ngram(
+    tokens: Sequence[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN
+) -> list[int]:
+    """Reference (quadratic) version of `NgramIndex.propose`, for tests and one-offs."""
+    if k <= 0:
+        return []
+    size = len(tokens)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        suffix = list(tokens[size - n :])
+        for end in range(size - 2, n - 2, -1):
+            if list(tokens[end - n + 1 : end + 1]) == suffix:
+                return list(tokens[end + 1 : end + 1 + k])
+    return []
+
+
+# -- the acceptance rule (stochastic drafts) -------------------------------------------
+FloatArray = npt.NDArray[np.float64]
+
+
+def accept(p: FloatArray, q: FloatArray, x: int, u: float) -> bool:
+    """Standard speculative-sampling test: accept drafted token `x` (drawn from the draft's
+    distribution `q`) under the target's `p` when u < p(x)/q(x), u uniform in [0, 1)."""
+    if q[x] <= 0.0:
+        return False
+    return u < min(1.0, float(p[x]) / float(q[x]))
+
+
+def residual(p: FloatArray, q: FloatArray) -> FloatArray:
+    """Where to sample after a rejection: norm(max(0, p - q)). With q one-hot on x this is
+    p with x removed, renormalised (what sampling p again and differing from x gives)."""
+    diff = np.maximum(p - q, 0.0)
+    total = float(diff.sum())
+    return diff / total if total > 0.0 else p
+
+
+def speculative_sample(p: FloatArray, q: FloatArray, x: int, u: float, v: float) -> int:
+    """One position of speculative sampling: `x` if accepted, else an inverse-CDF draw
+    (uniform `v`) from the residual. Its law is exactly `p` (tests/unit check it)."""
+    if accept(p, q, x, u):
+        return x
+    cdf = np.cumsum(residual(p, q))
+    return int(min(np.searchsorted(cdf, v * cdf[-1], side="right"), len(p) - 1))
+
+
+# -- adaptivity ------------------------------------------------------------------------
+@dataclass(slots=True)
+class AcceptanceTracker:
+    """A request's rolling acceptance: the chance that a drafted token is accepted given
+    that the one before it was (an exponential average over verified positions: each
+    accepted token is a hit, the first rejection of a draft a miss; tokens after it say
+    nothing).
+
+    Below `min_acceptance`, once `warmup` positions were seen, speculation pauses; after
+    `probe_after` more generated tokens it probes again with a fresh average (REQ-12.5:
+    disable under the threshold; a copy-heavy stretch later is caught again). Between
+    verifications the estimate drifts back toward the prior (`recovery` per generated
+    token), so a request the goodput gate stopped drafting for tries again later.
+    """
+
+    min_acceptance: float
+    probe_after: int
+    prior: float = 0.95  # the rate before anything was seen (match_prior caps it)
+    warmup: int = 4
+    decay: float = 0.8  # weight of the history per verified position
+    recovery: float = 0.985  # per generated token without a verification
+    rate: float = 0.95
+    num_seen: int = 0
+    seen_at: int = 0  # output length at the latest verification
+    paused_until: int = -1  # output length at which to probe again
+
+    def estimate(self, num_output: int) -> float:
+        """The rate now, drifted toward the prior since the latest verification."""
+        drift = self.recovery ** max(num_output - self.seen_at, 0)
+        return self.prior - (self.prior - self.rate) * drift
+
+    def active(self, num_output: int) -> bool:
+        if num_output < self.paused_until:
+            return False
+        if self.paused_until >= 0:  # a probe: start over
+            self.paused_until, self.rate, self.num_seen = -1, self.prior, 0
+            self.seen_at = num_output
+        return True
+
+    def _observe(self, hit: bool) -> None:
+        self.rate = self.decay * self.rate + (1.0 - self.decay) * float(hit)
+        self.num_seen += 1
+
+    def record(self, drafted: int, accepted: int, num_output: int) -> None:
+        """One verification: the first `accepted` of `drafted` tokens were accepted."""
+        for _ in range(accepted):
+            self._observe(True)
+        if accepted < drafted:
+            self._observe(False)
+        self.seen_at = num_output
+        if self.num_seen >= self.warmup and self.rate < self.min_acceptance:
+            self.paused_until = num_output + self.probe_after
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Cost of a decode step of `n` logits rows, in units of a one-row step:
+    1 for one row, else 1 + second_row + extra_row × (n - 2). On 2 CPU cores a second
+    row doubles the step (the one-row path is a matrix-vector product) and each row
+    after adds about 0.4 (measured for SmolLM2 and Gemma 270M: docs/speculative.md); on
+    a GPU both are near 0."""
+
+    second_row: float = 1.0
+    extra_row: float = 0.4
+
+    def __call__(self, n: int) -> float:
+        return 1.0 if n <= 1 else 1.0 + self.second_row + self.extra_row * (n - 2)
+
+
+def expected_gain(rate: float, k: int) -> float:
+    """Expected accepted tokens of a k-token draft at per-position acceptance `rate`."""
+    return sum(rate**i for i in range(1, k + 1))
+
+
+def best_draft_length(
+    rate: float, max_k: int, rows: int, tokens: float, cost: StepCost
+) -> tuple[int, float]:
+    """The draft length (0..max_k) that maximises expected tokens per unit of step cost
+    for a step of `rows` rows expected to yield `tokens`; with its expected gain.
+    0 when no length beats not speculating (the goodput gate)."""
+    best_k, best_gain = 0, 0.0
+    best = tokens / cost(rows)
+    for k in range(1, max_k + 1):
+        gain = expected_gain(rate, k)
+        value = (tokens + gain) / cost(rows + k)
+        if value > best:
+            best_k, best_gain, best = k, gain, value
+    return best_k, best_gain
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """The engine-side speculative settings (config: runtime.speculative_decoding)."""
+
+    max_draft_tokens: int = 12
+    max_prefill: int = 0  # prompts longer than this never speculate; 0 = no limit
+    min_acceptance: float = 0.5
+    max_batch: int = 4  # no speculation when this many sequences decode together
+    probe_after: int = 64
+    cost: StepCost = field(default_factory=StepCost)
+    draft_model: str | None = None  # a GGUF: draft-model mode (engine/spec_draft.py)
+
+
+@dataclass(slots=True)
+class _RequestDrafts:
+    index: NgramIndex
+    tracker: AcceptanceTracker
+    enabled: bool
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    """Totals since the worker started (EngineStats.speculative)."""
+
+    chunks: int = 0  # verification chunks (a decoding row plus a draft)
+    chunks_accepted: int = 0  # of those, the ones whose whole draft was accepted
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens accepted ("tokens reused")
+
+
+@dataclass(slots=True)
+class NgramProposer:
+    """The scheduler's `DraftProposer` for prompt-lookup drafts, with the adaptive gates:
+    none when `max_batch` or more sequences decode this step; none for a request paused
+    by its acceptance tracker, its own opt-out, or a prompt over `max_prefill`; and each
+    draft only as long as it raises the step's expected tokens per unit of cost
+    (`best_draft_length`, most promising requests first). Mutates per-request state;
+    `forget` a request when it finishes."""
+
+    config: SpecConfig
+    counters: SpecCounters = field(default_factory=SpecCounters)
+    _requests: dict[RequestId, _RequestDrafts] = field(default_factory=dict)
+
+    def register(self, request: Request, *, enabled: bool) -> None:
+        """Start tracking `request` (its opt-out in `enabled`)."""
+        limit = self.config.max_prefill
+        index = NgramIndex()
+        on = enabled and (limit <= 0 or request.num_prompt_tokens <= limit)
+        if on:
+            index.extend(request.prompt_token_ids)
+        tracker = AcceptanceTracker(self.config.min_acceptance, self.config.probe_after)
+        self._requests[request.request_id] = _RequestDrafts(index, tracker, on)
+
+    def forget(self, request_id: RequestId) -> None:
+        self._requests.pop(request_id, None)
+
+    def close(self) -> None:
+        """Free what the proposer holds (nothing here; a draft model's context)."""
+
+    def _active(self, requests: list[Request]) -> list[tuple[Request, _RequestDrafts]]:
+        """The requests that may speculate now (not opted out, not paused)."""
+        active = []
+        for request in requests:
+            state = self._requests.get(request.request_id)
+            num_output = len(request.output_token_ids)
+            if state is not None and state.enabled and state.tracker.active(num_output):
+                active.append((request, state))
+        return active
+
+    def _candidates(self, requests: list[Request]) -> list[tuple[float, RequestId, list[int]]]:
+        """(expected acceptance, id, longest draft) of every request that may speculate,
+        most promising first."""
+        found = self._drafts(self._active(requests))
+        found.sort(key=lambda c: -c[0])
+        return found
+
+    def _drafts(
+        self, active: list[tuple[Request, _RequestDrafts]]
+    ) -> list[tuple[float, RequestId, list[int]]]:
+        found: list[tuple[float, RequestId, list[int]]] = []
+        for request, state in active:
+            index = state.index
+            index.extend(request.output_token_ids[len(index.tokens) - request.num_prompt_tokens :])
+            draft, length = index.propose_matched(self.config.max_draft_tokens)
+            if draft:
+                rate = state.tracker.estimate(len(request.output_token_ids))
+                found.append((min(rate, match_prior(length)), request.request_id, draft))
+        return found
+
+    def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
+        """Drafts for some of `requests` (the ones decoding this step), at most `budget`
+        tokens in all. The caller caps each to its KV."""
+        if len(requests) >= self.config.max_batch or budget <= 0:
+            return {}
+        rows, tokens = len(requests), float(len(requests))
+        drafts: dict[RequestId, list[int]] = {}
+        for rate, request_id, draft in self._candidates(requests):
+            k, gain = best_draft_length(
+                rate, min(len(draft), budget), rows, tokens, self.config.cost
+            )
+            if k == 0:
+                continue
+            drafts[request_id] = draft[:k]
+            rows, tokens, budget = rows + k, tokens + gain, budget - k
+        return drafts
+
+    def record(self, request: Request, drafted: int, accepted: int) -> None:
+        """The outcome of verifying one draft of `request`."""
+        c = self.counters
+        c.chunks += 1
+        c.chunks_accepted += accepted == drafted
+        c.drafted_tokens += drafted
+        c.accepted_tokens += accepted
+        request.num_draft_tokens += drafted
+        request.num_draft_accepted += accepted
+        state = self._requests.get(request.request_id)
+        if state is not None:
+            state.tracker.record(drafted, accepted, len(request.output_token_ids))

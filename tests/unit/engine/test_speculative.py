@@ -1,0 +1,163 @@
+"""Speculative decoding logic: n-gram drafts, the acceptance rule, adaptivity (pure)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferflux.engine.speculative import (
+    AcceptanceTracker,
+    NgramIndex,
+    NgramProposer,
+    SpecConfig,
+    StepCost,
+    best_draft_length,
+    match_prior,
+    propose_ngram,
+    speculative_sample,
+)
+from inferflux.scheduler import Request, RequestId
+
+tokens_st = st.lists(st.integers(0, 5), max_size=60)
+
+
+@given(tokens_st, st.integers(0, 6))
+@settings(max_examples=300, deadline=None)
+def test_the_incremental_index_proposes_what_the_reference_scan_proposes(tokens, k) -> None:
+    index = NgramIndex()
+    for i in range(0, len(tokens), 7):  # arrives in pieces, as outputs do
+        index.extend(tokens[i : i + 7])
+    assert index.propose(k) == propose_ngram(tokens, k)
+
+
+@given(tokens_st, st.integers(1, 6))
+@settings(max_examples=200, deadline=None)
+def test_a_draft_continues_an_earlier_occurrence_of_the_suffix(tokens, k) -> None:
+    draft = propose_ngram(tokens, k)
+    assert len(draft) <= k
+    if draft:
+        text = tokens
+        starts = [
+            e + 1
+            for n in range(2, 5)
+            for e in range(n - 1, len(text) - 1)
+            if text[e - n + 1 : e + 1] == text[len(text) - n :]
+        ]
+        assert any(text[s : s + len(draft)] == draft for s in starts)
+
+
+def test_the_longest_and_most_recent_match_wins() -> None:
+    tokens = [1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3, 7, 1, 2, 3]
+    assert propose_ngram(tokens, 2) == [8, 5]  # (1, 2, 3) last seen before 8
+    index = NgramIndex()
+    index.extend(tokens)
+    assert index.propose(2) == [8, 5]
+    assert propose_ngram([4, 5, 6], 3) == []  # nothing repeats
+
+
+def _law(p: np.ndarray, q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    counts = np.zeros(len(p))
+    for _ in range(n):
+        x = int(rng.choice(len(q), p=q))
+        counts[speculative_sample(p, q, x, rng.random(), rng.random())] += 1
+    return counts / n
+
+
+def test_speculative_sampling_keeps_the_target_distribution() -> None:
+    """Rejection sampling with a stochastic draft q: the emitted token's law is p."""
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        p = rng.dirichlet(np.ones(6))
+        q = rng.dirichlet(np.ones(6))
+        law = _law(p, q, 20_000, rng)
+        assert np.abs(law - p).max() < 0.015, (law, p)
+
+
+def test_a_deterministic_draft_is_sampling_the_target_and_comparing() -> None:
+    """q one-hot on x: accept with p(x), else p without x. Equals "sample p, keep if it
+    is x, else that sample" — what EngineCore does with the request's own sampler."""
+    rng = np.random.default_rng(3)
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    for x in range(4):
+        q = np.eye(4)[x]
+        law = _law(p, q, 20_000, rng)
+        assert np.abs(law - p).max() < 0.015
+
+
+def test_acceptance_pauses_under_the_threshold_and_probes_later() -> None:
+    tracker = AcceptanceTracker(min_acceptance=0.5, probe_after=10)
+    assert tracker.active(0)
+    for out in range(1, 6):
+        tracker.record(4, 0, out)
+    assert tracker.rate < 0.5
+    assert not tracker.active(5)
+    assert not tracker.active(14)
+    assert tracker.active(15)  # probes with a fresh estimate
+    assert tracker.rate == tracker.prior
+    tracker.record(4, 4, 16)
+    assert tracker.active(17)
+
+
+def test_the_estimate_drifts_back_toward_the_prior() -> None:
+    tracker = AcceptanceTracker(min_acceptance=0.0, probe_after=10)
+    tracker.record(4, 0, 10)
+    low = tracker.estimate(10)
+    assert low < tracker.prior
+    assert low < tracker.estimate(30) < tracker.prior
+
+
+def test_the_goodput_gate_drafts_only_when_it_pays() -> None:
+    cost = StepCost(second_row=1.0, extra_row=0.4)
+    assert cost(1) == 1.0 and cost(2) == 2.0
+    k, gain = best_draft_length(1.0, 8, 1, 1.0, cost)
+    assert k == 8 and gain == 8.0  # a perfect draft: as long as allowed
+    assert best_draft_length(0.6, 8, 1, 1.0, cost)[0] == 0  # not worth a second row
+    # free rows (a GPU): any rate is worth it
+    assert best_draft_length(0.3, 8, 1, 1.0, StepCost(0.0, 0.0))[0] == 8
+
+
+def _request(rid: str, prompt: list[int], output: list[int] | None = None) -> Request:
+    return Request(RequestId(rid), prompt, max_tokens=64, output_token_ids=output or [])
+
+
+def test_the_proposer_gates_by_batch_opt_out_and_prompt_length() -> None:
+    proposer = NgramProposer(SpecConfig(max_batch=3, max_prefill=20, max_draft_tokens=4))
+    copy = [1, 2, 3, 4, 5, 6, 7, 8]
+    a = _request("a", copy + [1, 2])
+    b = _request("b", copy + [1, 2])
+    long = _request("long", copy * 3 + [1, 2])
+    proposer.config = SpecConfig(
+        max_batch=3, max_prefill=20, max_draft_tokens=4, cost=StepCost(0.0, 0.0)
+    )
+    proposer.register(a, enabled=True)
+    proposer.register(b, enabled=False)
+    proposer.register(long, enabled=True)
+    assert proposer.propose([a, b, long], 100) == {}  # 3 decoding: at max_batch
+    assert proposer.propose([a, b], 100) == {RequestId("a"): [3, 4, 5, 6]}
+    assert proposer.propose([a], 2) == {RequestId("a"): [3, 4]}  # the budget
+    proposer.record(a, 4, 1)
+    assert a.num_draft_tokens == 4 and a.num_draft_accepted == 1
+    c = proposer.counters
+    assert (c.chunks, c.chunks_accepted, c.drafted_tokens, c.accepted_tokens) == (1, 0, 4, 1)
+    proposer.forget(RequestId("a"))
+    assert proposer.propose([a], 100) == {}
+
+
+def test_the_proposer_sees_new_output_tokens_and_trusts_long_matches() -> None:
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=3))
+    r = _request("r", list(range(10, 30)))
+    proposer.register(r, enabled=True)
+    assert proposer.propose([r], 100) == {}
+    r.output_token_ids.extend([11, 12])
+    # a 2-token match is chance in free text: not worth a second row on a CPU
+    assert proposer.propose([r], 100) == {}
+    r.output_token_ids.extend(range(13, 22))
+    assert proposer.propose([r], 100) == {RequestId("r"): [22, 23, 24]}  # 11 tokens matched
+
+
+def test_match_length_is_measured_backwards() -> None:
+    index = NgramIndex()
+    index.extend([5, 1, 2, 3, 4, 9, 7, 2, 3, 4])
+    assert index.propose_matched(2) == ([9, 7], 3)
+    assert match_prior(4) == 0.75 and match_prior(16) > 0.93

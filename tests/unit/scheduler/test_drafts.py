@@ -1,0 +1,63 @@
+"""Drafts in the scheduler's token budget and KV reservation (pure logic)."""
+
+from __future__ import annotations
+
+from inferflux.scheduler import Request, RequestId, Scheduler
+
+
+class FakeProposer:
+    """Drafts `draft` for every request offered (records what it was offered)."""
+
+    def __init__(self, draft: list[int]) -> None:
+        self.draft = draft
+        self.offered: list[tuple[list[str], int]] = []
+
+    def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
+        self.offered.append(([r.request_id for r in requests], budget))
+        return {r.request_id: self.draft[:budget] for r in requests}
+
+
+def make_request(rid: str, n_prompt: int, max_tokens: int = 8) -> Request:
+    return Request(RequestId(rid), list(range(100, 100 + n_prompt)), max_tokens=max_tokens)
+
+
+def decode_one(scheduler: Scheduler, token: int = 7) -> list[tuple[str, int, tuple[int, ...]]]:
+    out = scheduler.schedule()
+    for chunk in out.chunks:
+        chunk.request.num_computed_tokens += len(chunk.token_ids)
+        if chunk.sample:
+            chunk.request.output_token_ids.append(token)
+    return [(c.request.request_id, len(c.token_ids), c.draft_token_ids) for c in out.chunks]
+
+
+def test_drafts_ride_on_decoding_chunks_only_and_count_in_the_budget() -> None:
+    scheduler = Scheduler(max_num_seqs=4, max_batch_tokens=12, kv_capacity=None)
+    proposer = FakeProposer([1, 2, 3, 4, 5])
+    scheduler.draft_proposer = proposer
+    scheduler.add(make_request("a", 4, max_tokens=20))
+    assert decode_one(scheduler) == [("a", 4, ())]  # prefill: no draft
+    scheduler.add(make_request("b", 10, max_tokens=20))
+    # a decodes (1 row), b prefills 10 of its tokens; 1 row left for a draft
+    assert decode_one(scheduler) == [("a", 1, (1,)), ("b", 10, ())]
+    assert proposer.offered[-1] == (["a"], 1)
+    out = scheduler.schedule()
+    assert out.num_tokens == 12  # 2 decoding rows, then 10 draft rows (5 each)
+    assert [c.draft_token_ids for c in out.chunks] == [(1, 2, 3, 4, 5), (1, 2, 3, 4, 5)]
+
+
+def test_a_draft_never_outruns_max_tokens() -> None:
+    scheduler = Scheduler(max_num_seqs=2, max_batch_tokens=64, kv_capacity=100)
+    scheduler.draft_proposer = FakeProposer([1, 2, 3, 4, 5, 6, 7, 8])
+    scheduler.add(make_request("a", 4, max_tokens=4))
+    decode_one(scheduler)  # prefill; 1 token out
+    # 3 tokens left: a draft of 2 plus the one sampled after it
+    assert decode_one(scheduler) == [("a", 1, (1, 2))]
+    assert decode_one(scheduler) == [("a", 1, (1,))]
+    assert decode_one(scheduler) == [("a", 1, ())]  # the last token: nothing to draft
+
+
+def test_without_a_proposer_nothing_is_drafted() -> None:
+    scheduler = Scheduler(max_num_seqs=2, max_batch_tokens=64, kv_capacity=None)
+    scheduler.add(make_request("a", 4))
+    decode_one(scheduler)
+    assert decode_one(scheduler) == [("a", 1, ())]
