@@ -31,17 +31,26 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _say(line: str) -> None:
+    sys.stderr.write(f"chaos: {line}\n")
+    sys.stderr.flush()
+
+
 def _run_group(
     name: str, group: Callable[[ChaosRun], list[FaultResult]], run: ChaosRun
 ) -> list[FaultResult]:
+    _say(f"{name} ...")
     started = time.monotonic()
     try:
         results = group(run)
     except Exception as exc:  # noqa: BLE001 - a crashed group is a failed row, not a stop
         results = [FaultResult(name, target="the group runs", notes=[f"crashed: {exc!r}"])]
         results[0].duration_s = time.monotonic() - started
-    for _result in results:
-        pass
+    for r in results:
+        verdict = "pass" if r.passed else "FAIL"
+        recovery = "-" if r.recovery_s is None else f"{r.recovery_s:.1f} s"
+        _say(f"  {verdict} {r.name}: sent {r.sent} failed {r.failed} lost {r.lost} "
+             f"recovery {recovery}")  # fmt: skip
     return results
 
 
@@ -50,15 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [g for g in args.only.split(",") if g] or list(GROUPS)
     unknown = set(chosen) - set(GROUPS)
     if unknown:
+        _say(f"unknown groups {sorted(unknown)}; known: {list(GROUPS)}")
         return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="inferflux-chaos-"))
     run = ChaosRun(log_dir, args.quick, args.streams, args.soak_requests)
+    _say(f"logs in {log_dir}")
     started = time.monotonic()
     results: list[FaultResult] = []
     for name in chosen:
         results += _run_group(name, GROUPS[name], run)
         command = "python -m tests.chaos " + shlex.join(sys.argv[1:] if argv is None else argv)
         write(args.out, results, command.strip(), time.monotonic() - started)
+    _say(f"wrote {args.out}")
     return 0 if all(r.passed for r in results) else 1
 
 

@@ -33,6 +33,7 @@ def _connect(port: int, rcvbuf: int | None = None) -> socket.socket:
     sock = socket.socket()
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(60)
     sock.connect(("127.0.0.1", port))
     return sock
 
@@ -43,14 +44,18 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
+_RECEIVED: dict[int, bytes] = {}  # id(socket) → what the server sent on it
+
+
 def _closed_by_server(sock: socket.socket) -> bool:
-    """True once the server closed `sock` (readable, and nothing more to read)."""
+    """True once the server closed `sock` (readable, and nothing more to read); what it
+    sent is kept in _RECEIVED."""
     readable, _, _ = select.select([sock], [], [], 0)
     if not readable:
         return False
     try:
         while chunk := sock.recv(65536, socket.MSG_DONTWAIT):
-            sock.last = chunk  # type: ignore[attr-defined]
+            _RECEIVED[id(sock)] = _RECEIVED.get(id(sock), b"") + chunk
     except BlockingIOError:
         return False
     except ConnectionError:
@@ -174,7 +179,7 @@ def slowloris_bodies(run: ChaosRun, port: int, url: str) -> FaultResult:
         for sock in socks:
             sock.send(_head(1000, port) + b'{"messages": ')
         result.recovery_s = _trickle(socks, BODY_TIMEOUT_S + 30, b" ")
-        answers = [getattr(sock, "last", b"") for sock in socks]
+        answers = [_RECEIVED.pop(id(sock), b"") for sock in socks]
         for sock in socks:
             sock.close()
     num_408 = sum(a.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in a for a in answers)
@@ -207,7 +212,8 @@ def slow_reader(run: ChaosRun, port: int, url: str, api_pid: int) -> FaultResult
         received = 0
         started = time.monotonic()
         while time.monotonic() - started < read_s:
-            received += len(sock.recv(1024))
+            with contextlib.suppress(TimeoutError):
+                received += len(sock.recv(1024))
             time.sleep(0.5)
         rss_grew = _rss_mb(api_pid) - rss_before
         _reset(sock)
@@ -262,7 +268,11 @@ def client_faults(run: ChaosRun) -> list[FaultResult]:
     with serving(run.log_dir, "clients", env=ENV) as server:
         for fault in [*faults, lambda r, p, u: slow_reader(r, p, u, server.process.pid)]:
             started = time.monotonic()
-            result = fault(run, server.port, server.url)
+            try:
+                result = fault(run, server.port, server.url)
+            except Exception as exc:  # noqa: BLE001 - one crashed fault is one failed row
+                name = getattr(fault, "__name__", "slow_reader")
+                result = FaultResult(name, target="runs", notes=[f"crashed: {exc!r}"])
             result.duration_s = time.monotonic() - started
             results.append(result)
         log = (run.log_dir / "clients.log").read_text(errors="replace")
