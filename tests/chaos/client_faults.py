@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import select
 import socket
 import struct
@@ -17,7 +18,8 @@ from pathlib import Path
 from tests.chaos.context import ChaosRun
 from tests.chaos.load import LoadSpec, StreamLoad, tally
 from tests.chaos.report import FaultResult
-from tests.chaos.servers import serving, wait_until, workers
+from tests.chaos.servers import serving, wait_until
+from tests.integration.server_process import ServerProcess
 
 HEADER_TIMEOUT_S = 4.0
 BODY_TIMEOUT_S = 4.0
@@ -111,7 +113,8 @@ def _all_closed(socks: list[socket.socket], timeout_s: float) -> float | None:
     return wait_until(check, timeout_s)
 
 
-def idle_connections(run: ChaosRun, port: int, url: str) -> FaultResult:
+def idle_connections(run: ChaosRun, server: ServerProcess) -> FaultResult:
+    port, url = server.port, server.url
     num = 500 if run.quick else 2000
     result = FaultResult(
         f"{num} idle connections (never send a byte)",
@@ -148,7 +151,8 @@ def _trickle(socks: list[socket.socket], until_s: float, byte: bytes) -> float |
     return None if open_ else time.monotonic() - started
 
 
-def slowloris_heads(run: ChaosRun, port: int, url: str) -> FaultResult:
+def slowloris_heads(run: ChaosRun, server: ServerProcess) -> FaultResult:
+    port, url = server.port, server.url
     result = FaultResult(
         "slowloris heads (100 connections, 1 header byte / 0.5 s)",
         target=f"background load unaffected; closed ≤ header_timeout_s + {SLACK_S:g} s",
@@ -168,7 +172,8 @@ def slowloris_heads(run: ChaosRun, port: int, url: str) -> FaultResult:
     return result
 
 
-def slowloris_bodies(run: ChaosRun, port: int, url: str) -> FaultResult:
+def slowloris_bodies(run: ChaosRun, server: ServerProcess) -> FaultResult:
+    port, url = server.port, server.url
     result = FaultResult(
         "slowloris bodies (50 connections, 1 body byte / 0.5 s)",
         target=f"background load unaffected; 408 (OpenAI-shaped) ≤ body_timeout_s + {SLACK_S:g} s",
@@ -192,12 +197,19 @@ def slowloris_bodies(run: ChaosRun, port: int, url: str) -> FaultResult:
     return result
 
 
-def _num_in_flight(url: str) -> int:
-    return sum(int(w["num_in_flight"]) for w in workers(url))
+def _num_aborted(log_path: Path) -> int:
+    """Generations the server logged as aborted (`generation <id> abort: ...`)."""
+    return len(re.findall(r"generation chatcmpl-\w+ abort", log_path.read_text(errors="replace")))
 
 
-def slow_reader(run: ChaosRun, port: int, url: str, api_pid: int) -> FaultResult:
+def _aborted_within(log_path: Path, before: int, count: int, timeout_s: float) -> float | None:
+    """Seconds until `count` more generations were aborted than `before`, or None."""
+    return wait_until(lambda: _num_aborted(log_path) >= before + count, timeout_s)
+
+
+def slow_reader(run: ChaosRun, server: ServerProcess) -> FaultResult:
     """One stream read at 2 KiB/s through a 4 KiB receive buffer, then reset."""
+    port, url = server.port, server.url
     read_s = run.seconds(20)
     result = FaultResult(
         f"very slow SSE reader (2 KiB/s for {read_s:.0f} s, max_tokens 1500)",
@@ -205,7 +217,8 @@ def slow_reader(run: ChaosRun, port: int, url: str, api_pid: int) -> FaultResult
         passed=True,
     )
     with _under_load(run, url, result):
-        rss_before = _rss_mb(api_pid)
+        rss_before = _rss_mb(server.process.pid)
+        aborted_before = _num_aborted(_log(server))
         sock = _connect(port, rcvbuf=4096)
         body = _chat_body(1500)
         sock.send(_head(len(body), port) + body)
@@ -215,11 +228,9 @@ def slow_reader(run: ChaosRun, port: int, url: str, api_pid: int) -> FaultResult
             with contextlib.suppress(TimeoutError):
                 received += len(sock.recv(1024))
             time.sleep(0.5)
-        rss_grew = _rss_mb(api_pid) - rss_before
+        rss_grew = _rss_mb(server.process.pid) - rss_before
         _reset(sock)
-        reset_at = time.monotonic()
-        aborted = wait_until(lambda: _num_in_flight(url) <= run.streams, 15)
-        result.recovery_s = None if aborted is None else time.monotonic() - reset_at
+        result.recovery_s = _aborted_within(_log(server), aborted_before, 1, 15)
     result.notes.append(
         f"read {received} bytes in {read_s:.0f} s; API process RSS grew {rss_grew:.1f} MB"
     )
@@ -228,14 +239,16 @@ def slow_reader(run: ChaosRun, port: int, url: str, api_pid: int) -> FaultResult
     return result
 
 
-def disconnects(run: ChaosRun, port: int, url: str) -> FaultResult:
+def disconnects(run: ChaosRun, server: ServerProcess) -> FaultResult:
     """50 requests reset mid-body, 16 streams reset after their first bytes."""
+    port, url = server.port, server.url
     result = FaultResult(
         "abrupt disconnects: 50 mid-body, 16 mid-stream (RST)",
         target="background load unaffected; reset streams aborted ≤ 10 s; no 500 logged",
         passed=True,
     )
     with _under_load(run, url, result):
+        aborted_before = _num_aborted(_log(server))
         for _ in range(50):
             sock = _connect(port)
             sock.send(_head(10_000, port) + b'{"messages": [')
@@ -249,34 +262,36 @@ def disconnects(run: ChaosRun, port: int, url: str) -> FaultResult:
         for sock in streams:
             sock.recv(512)  # the head and a first event: the stream has started
             _reset(sock)
-        reset_at = time.monotonic()
-        aborted = wait_until(lambda: _num_in_flight(url) <= run.streams, 20)
-        result.recovery_s = None if aborted is None else time.monotonic() - reset_at
+        result.recovery_s = _aborted_within(_log(server), aborted_before, len(streams), 20)
     result.sent += 66
     result.check(result.recovery_s is not None and result.recovery_s <= 10, "aborted after reset")
     return result
 
 
+def _log(server: ServerProcess) -> Path:
+    return Path(server.log_path)
+
+
 def client_faults(run: ChaosRun) -> list[FaultResult]:
-    faults: list[Callable[[ChaosRun, int, str], FaultResult]] = [
+    faults: list[Callable[[ChaosRun, ServerProcess], FaultResult]] = [
         idle_connections,
         slowloris_heads,
         slowloris_bodies,
         disconnects,
+        slow_reader,
     ]
     results = []
     with serving(run.log_dir, "clients", env=ENV) as server:
-        for fault in [*faults, lambda r, p, u: slow_reader(r, p, u, server.process.pid)]:
+        for fault in faults:
             started = time.monotonic()
             try:
-                result = fault(run, server.port, server.url)
+                result = fault(run, server)
             except Exception as exc:  # noqa: BLE001 - one crashed fault is one failed row
-                name = getattr(fault, "__name__", "slow_reader")
-                result = FaultResult(name, target="runs", notes=[f"crashed: {exc!r}"])
+                result = FaultResult(fault.__name__, target="runs", notes=[f"crashed: {exc!r}"])
             result.duration_s = time.monotonic() - started
             results.append(result)
-        log = (run.log_dir / "clients.log").read_text(errors="replace")
-    num_500 = log.count('"status": 500') + log.count("Exception in ASGI application")
+    log = (run.log_dir / "clients.log").read_text(errors="replace")
+    num_500 = log.count('" 500') + log.count("Exception in ASGI application")
     results[-1].notes.append(f"server log: {num_500} 500s / unhandled exceptions")
     for result in results:
         result.check(num_500 == 0, "no 500 or unhandled exception in the server log")

@@ -9,6 +9,7 @@ a filesystem read-only while a file on it is open for writing, which theirs alwa
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -45,16 +46,14 @@ def _tmpfs() -> Iterator[Path]:
 def _fill(folder: Path) -> Path:
     """Write zeros into `folder/filler` until the filesystem is full."""
     filler = folder / "filler"
-    block = b"\0" * (1 << 20)
-    with open(filler, "wb") as file:
-        with contextlib.suppress(OSError):
-            while True:
-                file.write(block)
-                file.flush()
-        with contextlib.suppress(OSError):
-            while True:
-                file.write(b"\0" * 512)
-                file.flush()
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
     return filler
 
 

@@ -1,7 +1,8 @@
 """The fast subset of the chaos suite (`make chaos` runs it all, tests/chaos/): a worker
-killed under load and the client-side limits (idle connections, slowloris heads and bodies,
-abrupt disconnects), each in its quick form, on one `inferflux serve --workers 2` with
-short header and body timeouts. Each fault must meet the target RELIABILITY.md states."""
+killed under load and the client-side limits (idle connections, slowloris heads and
+bodies, abrupt disconnects, a very slow SSE reader), each in its quick form, on one
+`inferflux serve --workers 2` with short header and body timeouts. Each fault must meet
+the target RELIABILITY.md states."""
 
 from __future__ import annotations
 
@@ -41,19 +42,23 @@ def test_a_worker_killed_under_load_fails_only_its_own_streams(run, server):
 
 
 def test_idle_connections_are_closed_after_the_header_timeout(run, server):
-    held(client_faults.idle_connections(run, server.port, server.url))
+    held(client_faults.idle_connections(run, server))
 
 
 def test_slowloris_heads_are_cut(run, server):
-    held(client_faults.slowloris_heads(run, server.port, server.url))
+    held(client_faults.slowloris_heads(run, server))
 
 
 def test_slowloris_bodies_get_408(run, server):
-    held(client_faults.slowloris_bodies(run, server.port, server.url))
+    held(client_faults.slowloris_bodies(run, server))
 
 
 def test_abrupt_disconnects_abort_their_requests(run, server):
-    held(client_faults.disconnects(run, server.port, server.url))
+    held(client_faults.disconnects(run, server))
+
+
+def test_a_very_slow_sse_reader_costs_bounded_memory(run, server):
+    held(client_faults.slow_reader(run, server))
 
 
 def test_the_server_log_has_no_500(run, server):
