@@ -1,7 +1,7 @@
 """Clients misbehaving, each beside a 16-stream load that must not notice: thousands of
 idle connections, slowloris heads and bodies, a very slow SSE reader, and abrupt
 disconnects mid-body and mid-stream. The server runs with short limits so the suite is
-quick: server.header_timeout_s and server.body_timeout_s 4 s (defaults 10 and 60)."""
+quick: server.header_timeout_s and server.body_timeout_s 4 s (defaults 20 and 60)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class ServerSettings(_Section):
     )
     tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
     header_timeout_s: float = Field(
-        10.0,
+        20.0,
         gt=0,
         le=3600,
         description="Seconds a connection has to send a whole request head, from opening "
