@@ -37,6 +37,7 @@ WITH_ADMIN = os.environ.get("INFERFLUX_SCHEMATHESIS_ADMIN") == "1"
 MIN_CASES_PER_MODE = 4
 MAX_TOKENS = 3  # generated tokens per request at most
 MAX_CHOICES = 2
+MAX_WORKERS = 2  # POST /v1/admin/workers: more would start GBs of workers
 REQUEST_TIMEOUT_S = 60.0
 CHECKS = [not_a_server_error, response_schema_conformance]
 # Fields that would make one request generate for a long time, or change the server for the
@@ -60,6 +61,8 @@ def clamp(case: Case, model_id: str) -> None:
         body["model"] = model_id
     for field in DROPPED_FIELDS:
         body.pop(field, None)
+    if case.path == "/v1/admin/workers" and is_int(body.get("workers")):
+        body["workers"] = min(body["workers"], MAX_WORKERS)  # each one loads the model
     for field, limit in [*((f, MAX_TOKENS) for f in TOKEN_FIELDS), ("n", MAX_CHOICES)]:
         if is_int(body.get(field)) and body[field] > limit:
             body[field] = limit

@@ -131,8 +131,14 @@ SCHEMA_KEYS = st.sampled_from(
 @given(st.dictionaries(SCHEMA_KEYS, JSON, max_size=5))
 def test_schema_compiler_compiles_or_refuses_any_schema(schema) -> None:
     compiler = ConstraintCompiler(FakeTokenizer().constraint_error)
-    with contextlib.suppress(InferfluxError):
+    try:
         assert compiler.json_schema(schema, param="response_format")
+    except InferfluxError:
+        pass
+    except BaseException as exc:  # a Rust panic (pyo3's PanicException) is a BaseException
+        if type(exc).__name__ == "PanicException":
+            raise AssertionError(f"llguidance panicked: {exc}") from None
+        raise
 
 
 @given(st.text(max_size=400))
@@ -195,3 +201,17 @@ def test_jwt_verifier_on_signed_tokens_with_any_claims(claims) -> None:
     except (TypeError, ValueError):
         return
     _verify(token)
+
+
+def test_a_schema_that_makes_llguidance_panic_is_a_400() -> None:
+    """Found by the fuzzer: llguidance's error message for a `required` that is an object
+    cut a 4-byte character in two, and the Rust panic escaped as a BaseException."""
+    value = {
+        "00": None,
+        "0\x1f𐀀": None,
+        "0\x1f\x1f\x1f": [{'""\x1f\x1f': None}],
+        "𐀀𐀀": {"𐀀𐀀": None},
+    }
+    compiler = ConstraintCompiler(FakeTokenizer().constraint_error)
+    with pytest.raises(InferfluxError, match="cannot be enforced"):
+        compiler.json_schema({"required": value}, param="response_format")
