@@ -52,7 +52,7 @@ def redis_restarted(run: ChaosRun) -> list[FaultResult]:
     phase_s = run.seconds(12)
     try:
         with serving(run.log_dir, "redis", env=env) as server:
-            spec = LoadSpec(streams=run.streams, max_tokens=4, pause_after_failure_s=0.2)
+            spec = LoadSpec(streams=run.streams, max_tokens=1, pause_after_failure_s=0.2)
             load = StreamLoad(server.url, spec).start()
             time.sleep(phase_s)
             redis.kill()
