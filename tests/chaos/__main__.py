@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.chaos.catalogue import GROUPS
 from tests.chaos.context import ChaosRun
-from tests.chaos.report import FaultResult, write
+from tests.chaos.report import FaultResult, earlier, write
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -28,6 +28,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--soak-requests", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="shorter load phases")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the other groups' rows of the last run"
+    )
     return parser.parse_args(argv)
 
 
@@ -65,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     run = ChaosRun(log_dir, args.quick, args.streams, args.soak_requests)
     _say(f"logs in {log_dir}")
     started = time.monotonic()
+    kept = earlier(args.out, set(chosen)) if args.update else []
     results: list[FaultResult] = []
     for name in chosen:
-        results += _run_group(name, GROUPS[name], run)
+        for result in _run_group(name, GROUPS[name], run):
+            result.group = name
+            results.append(result)
         command = "python -m tests.chaos " + shlex.join(sys.argv[1:] if argv is None else argv)
-        write(args.out, results, command.strip(), time.monotonic() - started)
+        order = {group: i for i, group in enumerate(GROUPS)}
+        rows = sorted([*kept, *results], key=lambda r: order.get(r.group, len(order)))
+        write(args.out, rows, command.strip(), time.monotonic() - started)
     _say(f"wrote {args.out}")
     return 0 if all(r.passed for r in results) else 1
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import os
 import platform
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ class FaultResult:
     passed: bool = False
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    group: str = ""  # the catalogue group that produced it (set by the runner)
 
     def count(self, counts: Tally) -> None:
         self.sent += counts.sent
@@ -93,4 +96,16 @@ def render(results: list[FaultResult], command: str, wall_s: float) -> str:
 
 
 def write(path: Path, results: list[FaultResult], command: str, wall_s: float) -> None:
+    """RELIABILITY.md at `path`, and its rows as JSON beside it (`--update` reads them)."""
     path.write_text(render(results, command, wall_s), encoding="utf-8")
+    rows = [dataclasses.asdict(r) for r in results]
+    path.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+def earlier(path: Path, except_groups: set[str]) -> list[FaultResult]:
+    """The rows of an earlier run (`path`'s JSON) whose group is not in `except_groups`."""
+    source = path.with_suffix(".json")
+    if not source.exists():
+        return []
+    rows = json.loads(source.read_text(encoding="utf-8"))
+    return [FaultResult(**row) for row in rows if row.get("group") not in except_groups]
