@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             result.group = name
             results.append(result)
         command = "python -m tests.chaos " + shlex.join(sys.argv[1:] if argv is None else argv)
+        if kept:
+            command += (
+                "` (the other groups' rows kept from the run before; see their dates in git) `"
+            )
         order = {group: i for i, group in enumerate(GROUPS)}
         rows = sorted([*kept, *results], key=lambda r: order.get(r.group, len(order)))
         write(args.out, rows, command.strip(), time.monotonic() - started)

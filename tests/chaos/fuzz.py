@@ -62,12 +62,12 @@ def schemathesis_all_routes(run: ChaosRun) -> FaultResult:
 
 
 def hypothesis_parsers(run: ChaosRun) -> FaultResult:
+    profile, examples = ("default", "60") if run.quick else ("chaos", "2,000")
     result = FaultResult(
         "hypothesis: GGUF, frames, chat template, schema/grammar, JWT",
-        target="every parser answers its own clean error (2,000 examples per property)",
+        target=f"every parser answers its own clean error ({examples} examples per property)",
         passed=True,
     )
-    profile = "default" if run.quick else "chaos"
     code, log = _pytest(run, "hypothesis", ["tests/unit/fuzz"], {"HYPOTHESIS_PROFILE": profile})
     found = re.search(r"(\d+) passed", log)
     failed = re.search(r"(\d+) failed", log)
