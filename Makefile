@@ -11,7 +11,7 @@ PROTO   := proto/inferflux/v1/inference.proto
 GEN     := src/inferflux/api/grpc/gen
 GEN_PB2 := $(GEN)/inference_pb2.py
 
-.PHONY: setup proto run test check kubectl format bench compare clean dist sbom licenses audit
+.PHONY: setup proto run test check kubectl format bench compare chaos clean dist sbom licenses audit
 
 setup: $(STAMP) $(GEN_PB2)
 
@@ -85,6 +85,12 @@ bench: setup
 # The first run builds llama-server into .cache/compare/ (minutes). ARGS: see bench/README.md.
 compare: setup
 	$(BIN)/python bench/compare_servers.py $(ARGS)
+
+# The chaos and soak suite (tests/chaos/, docs/reliability.md): every fault injected into
+# real servers under load, then the soak; writes RELIABILITY.md. Run it alone on the
+# machine. ARGS: e.g. --only worker,client --soak-requests 2000 (see --help).
+chaos: setup
+	$(BIN)/python -m tests.chaos $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build/proto $(GEN)

@@ -73,6 +73,7 @@ class ServerProcess:
         the subcommand (`serve`, `router`)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             [executable, command, "--port", str(self.port), *args],

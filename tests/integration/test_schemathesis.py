@@ -6,11 +6,16 @@ half not (negative), checked with `not_a_server_error` (never a 5xx) and
 and media type, SSE events included). At most `MAX_CASES` requests in all, derandomized
 (a fixed seed), no shrinking; generation is capped at a few tokens per request (`clamp`) so
 the run stays within a few minutes on 2 cores.
+
+`make chaos` (tests/chaos/fuzz.py) runs it on a throwaway server with more cases
+(`INFERFLUX_SCHEMATHESIS_CASES`, 1,000) and the admin routes too
+(`INFERFLUX_SCHEMATHESIS_ADMIN=1`; they run last, since they may unload the model).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,10 +32,12 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
-MAX_CASES = 300
+MAX_CASES = int(os.environ.get("INFERFLUX_SCHEMATHESIS_CASES", "300"))
+WITH_ADMIN = os.environ.get("INFERFLUX_SCHEMATHESIS_ADMIN") == "1"
 MIN_CASES_PER_MODE = 4
 MAX_TOKENS = 3  # generated tokens per request at most
 MAX_CHOICES = 2
+MAX_WORKERS = 2  # POST /v1/admin/workers: more would start GBs of workers
 REQUEST_TIMEOUT_S = 60.0
 CHECKS = [not_a_server_error, response_schema_conformance]
 # Fields that would make one request generate for a long time, or change the server for the
@@ -54,6 +61,8 @@ def clamp(case: Case, model_id: str) -> None:
         body["model"] = model_id
     for field in DROPPED_FIELDS:
         body.pop(field, None)
+    if case.path == "/v1/admin/workers" and is_int(body.get("workers")):
+        body["workers"] = min(body["workers"], MAX_WORKERS)  # each one loads the model
     for field, limit in [*((f, MAX_TOKENS) for f in TOKEN_FIELDS), ("n", MAX_CHOICES)]:
         if is_int(body.get(field)) and body[field] > limit:
             body[field] = limit
@@ -87,10 +96,16 @@ SKIPPED_PREFIXES = ("/v1/admin/", "/api/delete/", "/api/copy/", "/api/create/", 
 
 
 def operations(api_schema: Any) -> Iterator[Any]:  # Any: schemathesis' APIOperation
+    """Every operation but the skipped ones; with WITH_ADMIN, those too, last."""
+    skipped = []
     for result in api_schema.get_all_operations():
         operation = result.ok()
         if not (operation.path + "/").startswith(SKIPPED_PREFIXES):
             yield operation
+        else:
+            skipped.append(operation)
+    if WITH_ADMIN:
+        yield from skipped
 
 
 def takes_input(operation: Any) -> bool:

@@ -31,6 +31,7 @@ from inferflux.api import create_app
 from inferflux.api.drain import Drain, drain_then_stop
 from inferflux.api.security_layer import SecurityState, build_security
 from inferflux.api.state import app_state
+from inferflux.cli.guarded_http import ConnectionLimits, guarded_h11
 from inferflux.cli.router import router
 from inferflux.config.loader import load_settings
 from inferflux.config.settings import Settings
@@ -238,6 +239,14 @@ def _run(asgi_app: FastAPI, settings: Settings) -> None:
         ssl_certfile=tls.cert_path if tls.enabled else None,
         ssl_keyfile=tls.key_path if tls.enabled else None,
         ssl_ciphers=TLS12_CIPHERS,  # uvicorn's default ("TLSv1") allows CBC-SHA1 suites
+        http=guarded_h11(
+            ConnectionLimits(
+                settings.server.header_timeout_s,
+                settings.server.body_timeout_s,
+                settings.server.max_connections,
+            )
+        ),
+        timeout_keep_alive=settings.server.keep_alive_timeout_s,  # type: ignore[arg-type]
     )
     config.load()
     if config.ssl is not None:

@@ -62,6 +62,34 @@ class ServerSettings(_Section):
         "server.host, TLS when server.tls is on. Unset: no gRPC.",
     )
     tls: TlsSettings = Field(default_factory=TlsSettings)  # type: ignore[arg-type]
+    header_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        description="Seconds a connection has to send a whole request head, from opening "
+        "(or from a kept-alive connection's next request's first byte); then it is closed. "
+        "Bounds idle and slowloris connections (docs/reliability.md).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Seconds a request's whole body has to arrive after its head; then the "
+        "client gets 408 and the connection is closed.",
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="Seconds an idle kept-alive connection stays open between requests.",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="Open HTTP connections at most; more get 503 overloaded and are closed "
+        "at once. Capped at the open-file limit (ulimit -n) less 128.",
+    )
     shutdown_grace_s: float = Field(
         5.0,
         ge=0,

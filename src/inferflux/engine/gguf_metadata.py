@@ -22,6 +22,7 @@ GgufScalar = int | float | bool | str
 
 _MAGIC = b"GGUF"
 _FLOAT32, _STRING, _ARRAY = 6, 8, 9
+_MAX_ARRAY_DEPTH = 16  # real files nest at most 1; deeper is a crafted file (RecursionError)
 _SCALAR_FORMATS: dict[int, str] = {
     0: "<B",  # uint8
     1: "<b",  # int8
@@ -164,7 +165,9 @@ class _Reader:
             return float(f"{value:.7g}")  # 1e-05, not 9.999999747378752e-06
         return value
 
-    def skip_array(self) -> None:
+    def skip_array(self, depth: int = 0) -> None:
+        if depth > _MAX_ARRAY_DEPTH:
+            raise ValueError(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep")
         item_type = self.uint("<I")
         count = self.uint("<Q")
         if item_type == _STRING:
@@ -172,7 +175,7 @@ class _Reader:
                 self.skip_string()
         elif item_type == _ARRAY:
             for _ in range(count):
-                self.skip_array()
+                self.skip_array(depth + 1)
         elif item_type in _SCALAR_FORMATS:
             self.offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
         else:

@@ -201,7 +201,12 @@ class ConstraintCompiler:
             grammar = build(text)
         except (ValueError, RecursionError) as exc:
             return InvalidRequest(f"invalid {what}: {_short(str(exc))}")
-        problem = self._validate(grammar)
+        try:
+            problem = self._validate(grammar)
+        except BaseException as exc:  # NOTE: a Rust panic arrives as pyo3's PanicException
+            if type(exc).__name__ != "PanicException":
+                raise
+            problem = f"the grammar checker failed on it ({_short(str(exc))})"
         if problem:
             return InvalidRequest(f"the {what} cannot be enforced: {_short(problem)}")
         return grammar

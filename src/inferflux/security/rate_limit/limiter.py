@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from inferflux.config.security_settings import RateLimitSettings, RedisSettings
@@ -195,7 +196,11 @@ def make_rate_limiter(
         socket_timeout=redis.timeout_s,
         socket_connect_timeout=redis.timeout_s,
         retry_on_timeout=False,
-        retry=Retry(NoBackoff(), 0),  # one try: a failure goes to the failure mode
+        # NOTE: one retry, on a fresh connection, for a connection error only: after a
+        # Redis restart each pooled connection to the old process fails once, and without
+        # it every one of them restarted the fallback (`tests/chaos`, Redis restarted).
+        # A timeout is not retried: a failure goes to the failure mode.
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         health_check_interval=0,
     )
     if events is not None:
