@@ -15,6 +15,7 @@ wall time of the level, all clients together):
 
 Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflux-on`
 (the defaults), `inferflux-on-wide` (max_batch 16: no batch-size gate, goodput gate only),
+`inferflux-on-cheap` (the goodput gate's row costs at 0.2 / 0.1: drafts almost always),
 `inferflux-draft` (mode draft, `--draft-model`, default the model itself: mechanics only),
 `llama-server` (no speculation) and `llama-server-<type>` for each `--spec-type` this
 build lists (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and
@@ -48,6 +49,7 @@ CONFIGS = (
     "inferflux-off",
     "inferflux-on",
     "inferflux-on-wide",
+    "inferflux-on-cheap",
     "inferflux-draft",
     "llama-server",
     *(f"llama-server-{t}" for t in LLAMA_SPEC_TYPES),
@@ -100,6 +102,9 @@ def _server(config: str, tools: Toolchain, model: Model, port: int, draft: str |
         env["INFERFLUX_SPECULATIVE_ENABLED"] = "false" if config == "inferflux-off" else "true"
         if config == "inferflux-on-wide":
             env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MAX_BATCH"] = "16"
+        if config == "inferflux-on-cheap":  # the goodput gate told rows cost a GPU's little
+            env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__SECOND_ROW_COST"] = "0.2"
+            env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__EXTRA_ROW_COST"] = "0.1"
         if config == "inferflux-draft":
             env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MODE"] = "draft"
             env["INFERFLUX_SPEC_DRAFT_MODEL"] = draft or model.path
