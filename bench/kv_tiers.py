@@ -15,8 +15,9 @@ Three parts (`--parts`, default all):
 - `memory`: peak RSS of the server's process tree and output tok/s, per model and
   concurrency (`--concurrency`), with the default KV sizing, with Gemma's sliding-window
   cache cut to the window (`runtime.swa_full` false), and with that plus the unified
-  buffer sized by tokens (`runtime.kv_cache_sizing` tokens). Compare the RSS with
-  llama-server's at the same settings (bench/compare_servers.py) for the 1.3× target.
+  buffer sized by tokens (`runtime.kv_cache_sizing` tokens), and llama-server under the
+  same load at the same settings (16 sequences of 4096, as bench/compare starts it;
+  `--no-llama-server` skips it) for the 1.3× target.
 - `restart`: the first `--restart-after` turns of every conversation, then a restart,
   then the rest: TTFT of the turns after the restart on a warm server (no restart), a
   restarted one with persistence (its snapshot restored), and a cold one (restarted
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_trace import CORPUS, turn_config  # noqa: E402
 from compare.models import model_path  # noqa: E402
 from compare.rss import TreeSampler  # noqa: E402
-from launch import kill_group, start_server  # noqa: E402
+from launch import kill_group, start_process, start_server  # noqa: E402
 from serve_load import RequestResult, resolve_model, stream_one  # noqa: E402
 from workload import make_prompts, summarize  # noqa: E402
 
@@ -294,6 +295,33 @@ def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row = {"model": key, "mode": mode, "concurrency": concurrency, **load}
                 rows.append(row | {"peak_rss_tree_mb": round(peak / MB, 1)})
                 print("memory", json.dumps(rows[-1]), flush=True)
+        if args.llama_server:
+            rows.extend(_llama_server_memory(args, key, url))
+    return rows
+
+
+def _llama_server_memory(args: argparse.Namespace, key: str, url: str) -> list[dict[str, Any]]:
+    """The same load on llama-server, as bench/compare starts it: 16 sequences of the
+    same context (`-np 16 -c 16 × 4096`), the same threads."""
+    from compare import toolchain
+    from compare.models import load_model
+    from compare.servers import Toolchain, make_server
+
+    tools = Toolchain(toolchain.llama_server().binary, None)
+    rows = []
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        server = make_server("llama-server", tools, load_model(key), args.port, 16)
+        process = start_process(server.argv, f"{url}{server.ready_path}")
+        sampler = TreeSampler(process.pid)
+        try:
+            load = asyncio.run(
+                _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
+            )
+        finally:
+            peak = _stop(process, sampler)
+        row = {"model": key, "mode": "llama-server", "concurrency": concurrency, **load}
+        rows.append(row | {"peak_rss_tree_mb": round(peak / MB, 1)})
+        print("memory", json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -311,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", default="1,16", help="for the memory part")
     parser.add_argument("--memory-requests", type=int, default=2, help="per concurrency slot")
+    parser.add_argument(
+        "--llama-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="memory part: also llama-server at the same settings (built into .cache/compare)",
+    )
     parser.add_argument("--port", type=int, default=8095)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
