@@ -16,8 +16,9 @@ Three parts (`--parts`, default all):
   concurrency (`--concurrency`), with the default KV sizing, with Gemma's sliding-window
   cache cut to the window (`runtime.swa_full` false), and with that plus the unified
   buffer sized by tokens (`runtime.kv_cache_sizing` tokens), and llama-server under the
-  same load at the same settings (16 sequences of 4096, as bench/compare starts it;
-  `--no-llama-server` skips it) for the 1.3× target.
+  same load at the same settings (16 sequences of 4096, as bench/compare starts it)
+  for the 1.3× target. `--memory-modes` picks the configurations, `--rounds` repeats
+  them in alternating order.
 - `restart`: the first `--restart-after` turns of every conversation, then a restart,
   then the rest: TTFT of the turns after the restart on a warm server (no restart), a
   restarted one with persistence (its snapshot restored), and a cold one (restarted
@@ -25,6 +26,8 @@ Three parts (`--parts`, default all):
 
     .venv/bin/python bench/kv_tiers.py --json bench/results/kv_tiers.json
     .venv/bin/python bench/kv_tiers.py --parts cost,tiers --conversations 2 --turns 3  # smoke
+    .venv/bin/python bench/kv_tiers.py --parts memory --models gemma3 --rounds 3 \
+        --memory-modes tokens_swa_window,llama-server --json bench/results/kv_memory.json
 """
 
 from __future__ import annotations
@@ -278,29 +281,44 @@ async def _load(url: str, concurrency: int, n_requests: int, max_tokens: int) ->
 
 def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Peak RSS of the process tree and throughput per memory setting, model and
-    concurrency (same context per sequence and max_num_seqs throughout)."""
+    concurrency (same context per sequence and max_num_seqs throughout). With
+    `--rounds` > 1 every configuration runs once per round, in alternating order, so a
+    slow minute on the machine falls on all of them alike."""
     rows = []
     url = f"http://127.0.0.1:{args.port}"
+    modes = [m for m in args.memory_modes.split(",") if m]
     for key in args.models.split(","):
-        for mode, env in MEMORY_MODES.items():
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
-                cli = ["--model", model_path(key)]
-                server, sampler = _server(args.port, cli, {**_base_env(args), **env})
-                try:
-                    load = asyncio.run(
-                        _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
-                    )
-                finally:
-                    peak = _stop(server, sampler)
-                row = {"model": key, "mode": mode, "concurrency": concurrency, **load}
-                rows.append(row | {"peak_rss_tree_mb": round(peak / MB, 1)})
-                print("memory", json.dumps(rows[-1]), flush=True)
-        if args.llama_server:
-            rows.extend(_llama_server_memory(args, key, url))
+        for round_no in range(args.rounds):
+            order = modes if round_no % 2 == 0 else modes[::-1]
+            for mode in order:
+                for concurrency in (int(c) for c in args.concurrency.split(",")):
+                    if mode == "llama-server":
+                        load, peak = _llama_server_memory(args, key, url, concurrency)
+                    else:
+                        load, peak = _inferflux_memory(args, key, url, mode, concurrency)
+                    row = {"model": key, "mode": mode, "concurrency": concurrency}
+                    rows.append(row | {"round": round_no, **load, "peak_rss_tree_mb": peak})
+                    print("memory", json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def _llama_server_memory(args: argparse.Namespace, key: str, url: str) -> list[dict[str, Any]]:
+def _inferflux_memory(
+    args: argparse.Namespace, key: str, url: str, mode: str, concurrency: int
+) -> tuple[dict[str, Any], float]:
+    cli = ["--model", model_path(key)]
+    server, sampler = _server(args.port, cli, {**_base_env(args), **MEMORY_MODES[mode]})
+    try:
+        load = asyncio.run(
+            _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
+        )
+    finally:
+        peak = _stop(server, sampler)
+    return load, round(peak / MB, 1)
+
+
+def _llama_server_memory(
+    args: argparse.Namespace, key: str, url: str, concurrency: int
+) -> tuple[dict[str, Any], float]:
     """The same load on llama-server, as bench/compare starts it: 16 sequences of the
     same context (`-np 16 -c 16 × 4096`), the same threads."""
     from compare import toolchain
@@ -308,21 +326,16 @@ def _llama_server_memory(args: argparse.Namespace, key: str, url: str) -> list[d
     from compare.servers import Toolchain, make_server
 
     tools = Toolchain(toolchain.llama_server().binary, None)
-    rows = []
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
-        server = make_server("llama-server", tools, load_model(key), args.port, 16)
-        process = start_process(server.argv, f"{url}{server.ready_path}")
-        sampler = TreeSampler(process.pid)
-        try:
-            load = asyncio.run(
-                _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
-            )
-        finally:
-            peak = _stop(process, sampler)
-        row = {"model": key, "mode": "llama-server", "concurrency": concurrency, **load}
-        rows.append(row | {"peak_rss_tree_mb": round(peak / MB, 1)})
-        print("memory", json.dumps(rows[-1]), flush=True)
-    return rows
+    server = make_server("llama-server", tools, load_model(key), args.port, 16)
+    process = start_process(server.argv, f"{url}{server.ready_path}")
+    sampler = TreeSampler(process.pid)
+    try:
+        load = asyncio.run(
+            _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
+        )
+    finally:
+        peak = _stop(process, sampler)
+    return load, round(peak / MB, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,11 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16", help="for the memory part")
     parser.add_argument("--memory-requests", type=int, default=2, help="per concurrency slot")
     parser.add_argument(
-        "--llama-server",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="memory part: also llama-server at the same settings (built into .cache/compare)",
+        "--memory-modes",
+        default=",".join([*MEMORY_MODES, "llama-server"]),
+        help="memory part: InferFlux settings (MEMORY_MODES) and llama-server (built into "
+        ".cache/compare, started as bench/compare does)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="memory part: alternated rounds")
     parser.add_argument("--port", type=int, default=8095)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
