@@ -358,7 +358,7 @@ class SchedulerSettings(_Section):
         description="Stall-free batching: while sequences are decoding, a step carries "
         "only the prompt tokens that keep its expected time (learned from measured steps) "
         "under this many ms, so a long prompt being admitted no longer freezes every "
-        "stream for one long step; a high-priority prompt may take twice the share, and "
+        "stream for one long step; a high-priority prompt is never capped, and "
         "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
         "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
     )

@@ -17,8 +17,15 @@ Stall-free steps. With `itl_target_s` set and sequences decoding, the prompt tok
 step are capped so that its expected time (`StepCostModel`, learned from every step) stays
 under the target: a long prompt is prefilled over several short steps instead of freezing
 every stream for one long step (Sarathi-Serve's stall-free batching). Prompts still
-progress by at least `_MIN_PROMPT_CHUNK` tokens a step, a HIGH-class prompt may take twice
-the share, and with nothing decoding a prompt takes the whole budget.
+progress by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt
+takes the whole budget.
+
+High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
+has left after the decodes. While one is being prefilled, or waits at the head of its
+queue and can be admitted, the other prompts carry no tokens, so the step that prefills
+it is as short as it can be and its first token comes one step after it arrives. A prompt
+that has aged to the HIGH class (below) no longer stands aside, which keeps the
+starvation bound.
 
 Admission order. The head of each class queue competes on (effective class, arrival),
 where a request's effective class drops by one for every `aging_s` it has waited. So a
@@ -64,10 +71,8 @@ from inferflux.scheduler.request import (
 from inferflux.scheduler.step_cost import StepCostModel
 
 _MIN_RUN_TOKENS = 16  # a resumed request runs this long before it can be preempted again
-# Under an ITL target, prompts still progress by at least this many tokens a step, and a
-# HIGH-class prompt may take this many times the share of the others.
+# Under an ITL target, prompts still progress by at least this many tokens a step.
 _MIN_PROMPT_CHUNK = 16
-_HIGH_PRIORITY_SHARE = 2
 _TIMEOUT_SCAN_S = 0.1
 
 
@@ -91,21 +96,21 @@ class SchedulingPolicy:
 
 @dataclass(slots=True)
 class _PromptAllowance:
-    """The prompt tokens one step may still carry: `share` for NORMAL/LOW prompts, up to
-    `_HIGH_PRIORITY_SHARE × share` in all when HIGH ones take their bigger share; never
-    more than the step's remaining token budget."""
+    """The prompt tokens one step may still carry: all of the remaining budget for a
+    HIGH-class prompt; none for a prompt below the HIGH class (`rank`, aging included)
+    while `high_first`; else up to `share` in all."""
 
     budget: int
     share: int
+    high_first: bool = False  # a HIGH prompt is prefilling or about to be admitted
     taken: int = 0
 
-    def limit(self, request: Request) -> int:
-        cap = (
-            self.share * _HIGH_PRIORITY_SHARE
-            if request.priority == PriorityClass.HIGH
-            else self.share
-        )
-        return max(0, min(self.budget, cap) - self.taken)
+    def limit(self, request: Request, rank: int) -> int:
+        if request.priority == PriorityClass.HIGH:
+            return max(0, self.budget - self.taken)
+        if self.high_first and rank > PriorityClass.HIGH:
+            return 0
+        return max(0, min(self.budget, self.share) - self.taken)
 
     def take(self, n: int) -> None:
         self.taken += n
@@ -260,19 +265,24 @@ class Scheduler:
             elif budget > 0:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
-        allowance = _PromptAllowance(budget, self._prompt_share(len(chunks)))
-        for request in prefilling:
-            limit = allowance.limit(request)
+        allowance = _PromptAllowance(
+            budget, self._prompt_share(len(chunks)), self._high_first(prefilling)
+        )
+        for request in sorted(prefilling, key=lambda r: r.priority):  # HIGH first
+            limit = allowance.limit(request, self._rank(request, now)[0])
             if limit > 0:
                 chunk = self._chunk(request, limit)
                 chunks.append(chunk)
                 allowance.take(len(chunk.token_ids))
         while True:
             head = self._next_waiting(now)
-            if head is None or allowance.limit(head) <= 0 or not self._can_admit(head):
+            if head is None or not self._can_admit(head):
+                break
+            limit = allowance.limit(head, self._rank(head, now)[0])
+            if limit <= 0:
                 break
             self._admit(head, kv_ops)
-            chunk = self._chunk(head, allowance.limit(head))
+            chunk = self._chunk(head, limit)
             chunks.append(chunk)
             allowance.take(len(chunk.token_ids))
         budget -= allowance.taken
@@ -289,6 +299,13 @@ class Scheduler:
     def observe_step(self, decoding: int, tokens: int, seconds: float) -> None:
         """A finished step's wall time: `decoding` one-token rows, `tokens` others."""
         self.step_cost.observe(decoding, tokens, seconds)
+
+    def _high_first(self, prefilling: list[Request]) -> bool:
+        """A HIGH-class prompt is being prefilled, or heads its queue and fits now."""
+        if any(r.priority == PriorityClass.HIGH for r in prefilling):
+            return True
+        queue = self.queues[PriorityClass.HIGH]
+        return bool(queue) and self._can_admit(queue[0])
 
     def _prompt_share(self, decoding: int) -> int:
         """Prompt tokens this step may carry: under an ITL target with sequences decoding,

@@ -87,7 +87,7 @@ def test_under_a_target_a_long_prompt_is_prefilled_in_steps_that_fit_it() -> Non
     assert long.num_computed_tokens == 360
 
 
-def test_a_high_priority_prompt_takes_twice_the_share_and_prompts_share_the_rest() -> None:
+def test_a_high_priority_prompt_is_not_capped_and_the_others_stand_aside() -> None:
     sched = _decoding_scheduler(0.150)
     high = make_request("high", 2000)
     high.priority = PriorityClass.HIGH
@@ -95,12 +95,76 @@ def test_a_high_priority_prompt_takes_twice_the_share_and_prompts_share_the_rest
     sched.add(high)
     sched.add(normal)
     out = sched.schedule()
-    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 240)]
+    # the whole budget left after the 4 decodes, and nothing for the normal prompt
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 508)]
     complete(out)
     sched.finish(high.request_id)
     out = sched.schedule()
     # alone, the normal prompt gets the normal share
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("normal", 120)]
+
+
+def test_a_high_priority_arrival_pauses_a_long_low_priority_prefill_for_one_step() -> None:
+    sched = _decoding_scheduler(0.0)  # no ITL target: the low prompt takes whole steps
+    low = make_request("low", 2000)
+    low.priority = PriorityClass.LOW
+    sched.add(low)
+    complete(sched.schedule())
+    high = make_request("high", 60, max_tokens=4)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 60)]
+    assert out.chunks[-1].sample  # its first token comes from this very step
+    complete(out)
+    out = sched.schedule()  # the high request decodes; the low prompt goes on
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [
+        ("high", 1),
+        ("low", 507),
+    ]
+
+
+def test_a_prompt_aged_to_the_high_class_does_not_stand_aside() -> None:
+    now = [0.0]
+    sched = Scheduler(
+        max_num_seqs=8,
+        max_batch_tokens=512,
+        kv_capacity=None,
+        policy=SchedulingPolicy(aging_s=1.0),
+        clock=lambda: now[0],
+    )
+    low = make_request("low", 2000)
+    low.priority = PriorityClass.LOW
+    low.arrival_at = 0.0
+    sched.add(low)
+    complete(sched.schedule())
+    now[0] = 2.5  # two classes of aging: it ranks as HIGH now
+    high = make_request("high", 100)
+    high.priority = PriorityClass.HIGH
+    high.arrival_at = now[0]
+    sched.add(high)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("low", 512),
+    ]
+
+
+def test_a_high_prompt_that_cannot_be_admitted_does_not_stop_the_others() -> None:
+    sched = Scheduler(
+        max_num_seqs=1,
+        max_batch_tokens=64,
+        kv_capacity=None,
+        policy=SchedulingPolicy(enable_preemption=False, max_timeslice_tokens=10_000),
+    )
+    low = make_request("low", 200)
+    low.priority = PriorityClass.LOW
+    sched.add(low)
+    complete(sched.schedule())
+    high = make_request("high", 10)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    out = sched.schedule()  # no free slot and no preemption: the low prompt goes on
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("low", 64)]
 
 
 def test_prompts_still_progress_when_decoding_alone_exceeds_the_target() -> None:
