@@ -268,23 +268,7 @@ class Scheduler:
         allowance = _PromptAllowance(
             budget, self._prompt_share(len(chunks)), self._high_first(prefilling)
         )
-        for request in sorted(prefilling, key=lambda r: r.priority):  # HIGH first
-            limit = allowance.limit(request, self._rank(request, now)[0])
-            if limit > 0:
-                chunk = self._chunk(request, limit)
-                chunks.append(chunk)
-                allowance.take(len(chunk.token_ids))
-        while True:
-            head = self._next_waiting(now)
-            if head is None or not self._can_admit(head):
-                break
-            limit = allowance.limit(head, self._rank(head, now)[0])
-            if limit <= 0:
-                break
-            self._admit(head, kv_ops)
-            chunk = self._chunk(head, limit)
-            chunks.append(chunk)
-            allowance.take(len(chunk.token_ids))
+        chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
         if self.draft_proposer is not None:
             budget = attach_drafts(chunks, self.draft_proposer, budget)
@@ -299,6 +283,29 @@ class Scheduler:
     def observe_step(self, decoding: int, tokens: int, seconds: float) -> None:
         """A finished step's wall time: `decoding` one-token rows, `tokens` others."""
         self.step_cost.observe(decoding, tokens, seconds)
+
+    def _prompt_chunks(
+        self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
+    ) -> list[ScheduledChunk]:
+        """Chunks of the prompts being prefilled (HIGH first), then of admitted waiting
+        requests, while `allowance` lasts."""
+        chunks: list[ScheduledChunk] = []
+        for request in sorted(prefilling, key=lambda r: r.priority):
+            limit = allowance.limit(request, self._rank(request, now)[0])
+            if limit > 0:
+                chunks.append(self._chunk(request, limit))
+                allowance.take(len(chunks[-1].token_ids))
+        while True:
+            head = self._next_waiting(now)
+            if head is None or not self._can_admit(head):
+                break
+            limit = allowance.limit(head, self._rank(head, now)[0])
+            if limit <= 0:
+                break
+            self._admit(head, kv_ops)
+            chunks.append(self._chunk(head, limit))
+            allowance.take(len(chunks[-1].token_ids))
+        return chunks
 
     def _high_first(self, prefilling: list[Request]) -> bool:
         """A HIGH-class prompt is being prefilled, or heads its queue and fits now."""
