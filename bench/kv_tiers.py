@@ -292,50 +292,33 @@ def run_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
             order = modes if round_no % 2 == 0 else modes[::-1]
             for mode in order:
                 for concurrency in (int(c) for c in args.concurrency.split(",")):
-                    if mode == "llama-server":
-                        load, peak = _llama_server_memory(args, key, url, concurrency)
-                    else:
-                        load, peak = _inferflux_memory(args, key, url, mode, concurrency)
+                    server = _memory_server(args, key, url, mode)
+                    sampler = TreeSampler(server.pid)
+                    try:
+                        requests = args.memory_requests * concurrency
+                        load = asyncio.run(_load(url, concurrency, requests, args.max_tokens))
+                    finally:
+                        peak = round(_stop(server, sampler) / MB, 1)
                     row = {"model": key, "mode": mode, "concurrency": concurrency}
                     rows.append(row | {"round": round_no, **load, "peak_rss_tree_mb": peak})
                     print("memory", json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def _inferflux_memory(
-    args: argparse.Namespace, key: str, url: str, mode: str, concurrency: int
-) -> tuple[dict[str, Any], float]:
-    cli = ["--model", model_path(key)]
-    server, sampler = _server(args.port, cli, {**_base_env(args), **MEMORY_MODES[mode]})
-    try:
-        load = asyncio.run(
-            _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
-        )
-    finally:
-        peak = _stop(server, sampler)
-    return load, round(peak / MB, 1)
-
-
-def _llama_server_memory(
-    args: argparse.Namespace, key: str, url: str, concurrency: int
-) -> tuple[dict[str, Any], float]:
-    """The same load on llama-server, as bench/compare starts it: 16 sequences of the
-    same context (`-np 16 -c 16 × 4096`), the same threads."""
+def _memory_server(args: argparse.Namespace, key: str, url: str, mode: str) -> Any:
+    """InferFlux with the settings of `mode`, or for `llama-server` that server as
+    bench/compare starts it: 16 sequences of the same context (`-np 16 -c 16 × 4096`),
+    the same threads."""
+    if mode != "llama-server":
+        env = {**_base_env(args), **MEMORY_MODES[mode]}
+        return start_server(args.port, args=["--model", model_path(key)], env=env)
     from compare import toolchain
     from compare.models import load_model
     from compare.servers import Toolchain, make_server
 
     tools = Toolchain(toolchain.llama_server().binary, None)
     server = make_server("llama-server", tools, load_model(key), args.port, 16)
-    process = start_process(server.argv, f"{url}{server.ready_path}")
-    sampler = TreeSampler(process.pid)
-    try:
-        load = asyncio.run(
-            _load(url, concurrency, args.memory_requests * concurrency, args.max_tokens)
-        )
-    finally:
-        peak = _stop(process, sampler)
-    return load, round(peak / MB, 1)
+    return start_process(server.argv, f"{url}{server.ready_path}")
 
 
 def main(argv: list[str] | None = None) -> int:
