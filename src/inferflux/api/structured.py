@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-from jsonschema import SchemaError, validators
-from jsonschema.exceptions import best_match
 
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.errors import InvalidRequest
@@ -50,6 +48,12 @@ def _short(message: str) -> str:
 
 def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str | None]:
     """A check of finished text against `schema` (None: any JSON object)."""
+    # NOTE: jsonschema is imported on first use, off the event loop (schema_constraint):
+    # with its format extras installed it builds 39 Lark parsers at import (0.3-0.8 s of
+    # CPU, 34 MB) that a server which never sees a schema should not pay for.
+    from jsonschema import validators
+    from jsonschema.exceptions import best_match
+
     validator = None
     if schema is not None:
         cls = validators.validator_for(schema)
@@ -81,6 +85,8 @@ def check_schema(schema: object, param: str) -> Mapping[str, object]:
     InvalidRequest naming what is wrong."""
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
+    from jsonschema import SchemaError, validators  # NOTE: on first use: _json_validator
+
     try:
         validators.validator_for(schema).check_schema(schema)
     except SchemaError as exc:
@@ -99,11 +105,12 @@ async def schema_constraint(
     """
     if schema is None:
         grammar = await anyio.to_thread.run_sync(lambda: compiler.json_object(param=param))
-        return OutputConstraint(grammar, _json_validator(None))
+        validate = await anyio.to_thread.run_sync(_json_validator, None)
+        return OutputConstraint(grammar, validate)
     compiler.check_schema_bounds(schema, param)  # before any recursive validator
-    checked = check_schema(schema, param)
+    checked = await anyio.to_thread.run_sync(check_schema, schema, param)
     grammar = await anyio.to_thread.run_sync(lambda: compiler.json_schema(checked, param=param))
-    return OutputConstraint(grammar, _json_validator(checked))
+    return OutputConstraint(grammar, await anyio.to_thread.run_sync(_json_validator, checked))
 
 
 async def grammar_constraint(
