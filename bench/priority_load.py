@@ -159,30 +159,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--high-requests", type=int, default=12)
     parser.add_argument("--overload", type=float, default=4.0)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--parts", default="mixed,overload")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
-    server = start_server(args.port)
-    try:
-        report: dict[str, Any] = {
-            "mixed": asyncio.run(mixed(url, args.low_clients, args.high_requests))
+    report: dict[str, Any] = {}
+    parts = set(args.parts.split(","))
+    if "mixed" in parts:
+        server = start_server(args.port)
+        try:
+            report["mixed"] = asyncio.run(mixed(url, args.low_clients, args.high_requests))
+        finally:
+            server.terminate()
+            server.wait(30)
+        print(json.dumps(report["mixed"], indent=1))
+    if "overload" in parts:
+        low_rate = report["mixed"]["low_requests_per_s"] if "mixed" in report else 1.0
+        rate = args.overload * max(low_rate, 0.1)
+        env = {
+            "INFERFLUX_SCHEDULER__HIGH_WATERMARK": "64",
+            "INFERFLUX_SCHEDULER__LOW_WATERMARK": "32",
         }
-    finally:
-        server.terminate()
-        server.wait(30)
-    print(json.dumps(report["mixed"], indent=1))
-    rate = args.overload * max(report["mixed"]["low_requests_per_s"], 0.1)
-    env = {
-        "INFERFLUX_SCHEDULER__HIGH_WATERMARK": "64",
-        "INFERFLUX_SCHEDULER__LOW_WATERMARK": "32",
-    }
-    server = start_server(args.port, env=env)
-    try:
-        report["overload"] = asyncio.run(overload(url, server.pid, rate, args.seconds))
-    finally:
-        server.terminate()
-        server.wait(30)
-    print(json.dumps(report["overload"], indent=1))
+        server = start_server(args.port, env=env)
+        try:
+            report["overload"] = asyncio.run(overload(url, server.pid, rate, args.seconds))
+        finally:
+            server.terminate()
+            server.wait(30)
+        print(json.dumps(report["overload"], indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
