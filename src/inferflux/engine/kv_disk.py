@@ -15,8 +15,8 @@ names (or `.tmp` leftovers) are deleted at start-up.
 A write that fails (disk full, read-only, I/O error) leaves nothing behind (its temp
 file is removed; a blob appears only by rename once completely written): it is counted
 (`write_errors`), its key is handed to the tier index (`take_failed`) which forgets the
-entry, and only the first failure of a run of them, and the first success after, are
-logged (a full disk must not flood the log). Writes simply succeed again once the disk
+entry, and only the first failure of a run of them (at most one a minute), and the first
+success after it, are logged: a full disk must not flood the log. Writes simply succeed again once the disk
 does: there is no state to reset. A delete that fails is retried after the next write
 that succeeds.
 """
@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from inferflux.engine.kv_state import PREFIX_SIZE, KvStateRefused, header_end
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.msgpack"
+_LOG_EVERY_S = 60.0  # at most one "writes fail" line per minute
 _MANIFEST_VERSION = 1
 
 
@@ -72,6 +74,8 @@ class DiskBlobs:
         self._failed: list[str] = []  # keys whose write failed, for take_failed
         self._undeleted: set[str] = set()  # keys whose unlink failed, retried later
         self._failing = 0  # failures since the last write that succeeded
+        self._failure_logged_at = -_LOG_EVERY_S
+        self._logged_run = False  # this run of failures was logged
         self.write_errors = 0
 
     def path(self, key: str) -> Path:
@@ -109,12 +113,16 @@ class DiskBlobs:
             self._done.notify_all()
 
     def _settle(self, key: str, error: OSError | None) -> None:
-        """Count and log a write's outcome (the lock held): one line per change of state."""
+        """Count and log a write's outcome (the lock held). Logged: the first failure of a
+        run of them (at most one such line per `_LOG_EVERY_S`), and the first success after
+        a logged one."""
         if error is not None:
             self.write_errors += 1
             self._failed.append(key)
             self._failing += 1
-            if self._failing == 1:
+            now = time.monotonic()
+            if self._failing == 1 and now - self._failure_logged_at >= _LOG_EVERY_S:
+                self._failure_logged_at, self._logged_run = now, True
                 logger.warning(
                     "KV disk tier: writes to %s fail (%s); evicted entries are dropped "
                     "(counted in inferflux_kv_disk_write_errors_total, not logged) until a "
@@ -123,11 +131,11 @@ class DiskBlobs:
                     error.strerror or error,
                 )
             return
-        if self._failing:
+        if self._failing and self._logged_run:
             logger.warning(
                 "KV disk tier: writes to %s succeed again (%d failed)", self.blobs, self._failing
             )
-            self._failing = 0
+        self._failing, self._logged_run = 0, False
         for old in list(self._undeleted):
             self._undeleted.discard(old)
             self._unlink(old)

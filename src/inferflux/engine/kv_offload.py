@@ -113,6 +113,7 @@ class KvOffload:
         self._pending: list[tuple[int, str, list[int]]] = []
         self._last_snapshot_at = time.monotonic()
         self.spill_s_total = 0.0
+        self._manifest_failing = False
 
     @property
     def stats(self) -> KvTierStats:
@@ -260,8 +261,13 @@ class KvOffload:
         try:
             self.disk.write_manifest(manifest)
         except OSError as exc:  # disk full or read-only: the previous manifest stays
-            logger.warning("KV snapshot: cannot write the manifest: %s", exc)
+            if not self._manifest_failing:  # logged once per run of failures
+                logger.warning("KV snapshot: cannot write the manifest: %s", exc)
+            self._manifest_failing = True
             return 0
+        if self._manifest_failing:
+            logger.warning("KV snapshot: the manifest is written again")
+        self._manifest_failing = False
         return len(entries)
 
     def load_snapshot(self) -> int:
