@@ -16,9 +16,9 @@ A write that fails (disk full, read-only, I/O error) leaves nothing behind (its 
 file is removed; a blob appears only by rename once completely written): it is counted
 (`write_errors`), its key is handed to the tier index (`take_failed`) which forgets the
 entry, and only the first failure of a run of them (at most one a minute), and the first
-success after it, are logged: a full disk must not flood the log. Writes simply succeed again once the disk
-does: there is no state to reset. A delete that fails is retried after the next write
-that succeeds.
+success after it, are logged: a full disk must not flood the log. Writes simply succeed
+again once the disk does: there is no state to reset. A delete that fails is retried
+after the next write that succeeds.
 """
 
 from __future__ import annotations
