@@ -17,6 +17,7 @@ never written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -122,7 +123,9 @@ class AuditLog:
     def close(self) -> None:
         for handler in list(self._logger.handlers):
             self._logger.removeHandler(handler)
-            handler.close()
+            # NOTE: a full disk fails the final flush too; those lines were counted already
+            with contextlib.suppress(OSError):
+                handler.close()
 
 
 def _now() -> str:

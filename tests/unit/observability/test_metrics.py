@@ -244,3 +244,20 @@ def test_kv_tiers_are_summed_per_tier_and_absent_without_tiers() -> None:
     assert value(fams, "inferflux_kv_disk_write_errors_total") == 4
     with pytest.raises(KeyError):
         value(families(make([Worker(0)])), "inferflux_kv_restores_total")
+
+
+def test_dropped_audit_lines_reach_their_counter() -> None:
+    from inferflux.api.security_layer import SecurityEvents
+    from inferflux.config.security_settings import AuditSettings
+    from inferflux.security.audit import make_audit_log
+
+    metrics = make()
+    events = SecurityEvents(metrics)
+    # /dev/full: every write fails with ENOSPC, as on a full disk
+    audit = make_audit_log(AuditSettings(path="/dev/full"), events.on_audit_dropped)
+    assert audit is not None
+    assert value(families(metrics), "inferflux_audit_lines_dropped_total") == 0
+    audit.write({"event": "test"})
+    audit.write({"event": "test"})
+    audit.close()  # the final flush fails too: not raised
+    assert value(families(metrics), "inferflux_audit_lines_dropped_total") == 2
