@@ -249,11 +249,8 @@ def test_client_disconnect_frees_the_engine(
     # through the chat template SmolLM2 answers COUNTING in 15 tokens, which can finish
     # before the stats call below; this prompt runs greedily to the 2000-token limit
     long_prompt = "Write a long essay about the history of Rome."
-    body = {
-        "model": model,
-        "prompt": long_prompt,
-        "options": {"temperature": 0, "num_predict": 2000},
-    }
+    options = {"temperature": 0, "num_predict": 2000}
+    body = {"model": model, "prompt": long_prompt, "options": options}
     with (
         httpx.Client(base_url=server_url, timeout=60) as streaming,
         streaming.stream("POST", "/api/generate", json=body) as response,
