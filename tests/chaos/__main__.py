@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"unknown groups {sorted(unknown)}; known: {list(GROUPS)}")
         return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="inferflux-chaos-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     run = ChaosRun(log_dir, args.quick, args.streams, args.soak_requests)
     _say(f"logs in {log_dir}")
     started = time.monotonic()

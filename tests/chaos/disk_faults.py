@@ -2,9 +2,11 @@
 policy store's filesystem read-only (small tmpfs mounts made here; needs root): admin
 writes fail cleanly (503 policy_unavailable, the change not applied), inference keeps
 going (audit and log lines that cannot be written are dropped, as docs/reliability.md
-says), admin writes succeed again once space returns, and a restart reads the store
-intact. The audit log and the log file are not made read-only: Linux refuses to remount
-a filesystem read-only while a file on it is open for writing, which theirs always are."""
+says; dropped audit lines are counted in inferflux_audit_lines_dropped_total), admin
+writes succeed again once space returns, and a restart reads the store intact. The audit
+log and the log file are not made read-only: Linux refuses to remount a filesystem
+read-only while a file on it is open for writing, which theirs always are. The KV spill
+folder's faults are kv_disk_faults.py's (run at the end of this group)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ import httpx
 import yaml
 
 from tests.chaos.context import ChaosRun
+from tests.chaos.kv_disk_faults import kv_disk_faults
 from tests.chaos.load import LoadSpec, StreamLoad, tally
 from tests.chaos.report import FaultResult
-from tests.chaos.servers import wait_until
+from tests.chaos.servers import metric, wait_until
 from tests.integration.server_process import ServerProcess
 
 ADMIN_KEY = "sk-chaos-admin-0123456789abcdef"
 PASSPHRASE = "chaos suite policy store passphrase"
 SIZE = "16m"
+AUDIT_DROPPED = "inferflux_audit_lines_dropped_total"
 
 
 @contextlib.contextmanager
@@ -89,13 +93,21 @@ def _start(folder: Path, store: Path, config: Path, log_dir: Path) -> ServerProc
 
 
 def _phase(
-    result: FaultResult, url: str, folder: Path, streams: int, phase_s: float, name: str
+    result: FaultResult,
+    url: str,
+    folder: Path,
+    streams: int,
+    phase_s: float,
+    name: str,
+    *,
+    audit_full: bool = False,
 ) -> None:
     """Under the fault: load keeps going, an admin write gets 503 and is not applied."""
     headers = {"authorization": f"Bearer {ADMIN_KEY}"}
     spec = LoadSpec(streams=streams, max_tokens=8, headers=headers)
     load = StreamLoad(url, spec).start()
     audit_before = (folder / "audit.jsonl").stat().st_size
+    dropped_before = metric(url, AUDIT_DROPPED, headers)
     time.sleep(phase_s / 2)
     status = _create_key(url, name)
     applied = name in _key_names(url)
@@ -103,10 +115,13 @@ def _phase(
     counts = tally(load.stop())
     result.count(counts)
     audit_grew = (folder / "audit.jsonl").stat().st_size - audit_before
+    dropped = metric(url, AUDIT_DROPPED, headers) - dropped_before
     result.notes.append(
         f"admin write {status} (applied: {applied}); load {counts.ok} ok of {counts.sent}; "
-        f"audit file grew {audit_grew} bytes"
+        f"audit file grew {audit_grew} bytes; {AUDIT_DROPPED}: +{dropped:.0f}"
     )
+    if audit_full:
+        result.check(dropped > 0, "dropped audit lines counted")
     result.check(status == 503 and not applied, "admin write 503 and not applied")
     result.check(counts.ok == counts.sent and counts.sent > 0, "inference kept going")
 
@@ -140,7 +155,7 @@ def disk_faults(run: ChaosRun) -> list[FaultResult]:
             assert _create_key(server.url, "before") == 201
             started = time.monotonic()
             fillers = [_fill(folder), _fill(store)]
-            _phase(full, server.url, folder, run.streams, phase_s, "during-full")
+            _phase(full, server.url, folder, run.streams, phase_s, "during-full", audit_full=True)
             for filler in fillers:
                 filler.unlink()
             _recover(full, server.url, "after-full", time.monotonic())
@@ -165,4 +180,4 @@ def disk_faults(run: ChaosRun) -> list[FaultResult]:
         result.check(want <= names and not names & {"during-full", "during-ro"}, "store intact")
     log = (run.log_dir / "disk-server.log").read_text(errors="replace")
     full.notes.append(f"server log: {log.count('Logging error')} 'Logging error' reports")
-    return [full, readonly]
+    return [full, readonly, *kv_disk_faults(run)]

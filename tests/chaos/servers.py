@@ -26,6 +26,17 @@ def stats(url: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/server/stats", timeout=10).json())
 
 
+def metric(url: str, name: str, headers: dict[str, str] | None = None) -> float:
+    """The sum of every sample of metric `name` (with `_total` for a counter) on
+    /metrics; 0 when absent."""
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def workers(url: str) -> list[dict[str, Any]]:
     return list(stats(url)["workers"])
 

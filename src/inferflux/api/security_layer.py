@@ -179,6 +179,10 @@ class SecurityEvents:
         if self.metrics is not None:
             self.metrics.rate_limit_redis_up.set(1.0 if up else 0.0)
 
+    def on_audit_dropped(self) -> None:
+        if self.metrics is not None:
+            self.metrics.audit_lines_dropped.inc()
+
     def on_verdict(self, stage: str, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.guardrail_verdict.labels(stage).observe(seconds)
@@ -233,7 +237,7 @@ def make_security_layer(
     if settings.rate_limit.enabled:
         limiter = make_rate_limiter(settings.redis, settings.rate_limit, events)
         limits = RateLimitService(limiter, source, settings.rate_limit, events)
-    audit = make_audit_log(settings.audit)
+    audit = make_audit_log(settings.audit, events.on_audit_dropped)
     digester = audit.digester if audit is not None else _digester(settings)
     guardrails = Guardrails(
         source,

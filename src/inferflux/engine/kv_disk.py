@@ -11,6 +11,14 @@ written last, atomically (temp file, fsync, rename). A crash at any point leaves
 previous manifest in place; entries it names whose files are gone are skipped at load,
 a torn or corrupt blob is refused by its checksum when restored, and files no manifest
 names (or `.tmp` leftovers) are deleted at start-up.
+
+A write that fails (disk full, read-only, I/O error) leaves nothing behind (its temp
+file is removed; a blob appears only by rename once completely written): it is counted
+(`write_errors`), its key is handed to the tier index (`take_failed`) which forgets the
+entry, and only the first failure of a run of them (at most one a minute), and the first
+success after it, are logged: a full disk must not flood the log. Writes simply succeed
+again once the disk does: there is no state to reset. A delete that fails is retried
+after the next write that succeeds.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +38,7 @@ from inferflux.engine.kv_state import PREFIX_SIZE, KvStateRefused, header_end
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.msgpack"
+_LOG_EVERY_S = 60.0  # at most one "writes fail" line per minute
 _MANIFEST_VERSION = 1
 
 
@@ -61,6 +71,11 @@ class DiskBlobs:
         self._done = threading.Condition(self._lock)
         self._pending: dict[str, bytes] = {}
         self._deleted: set[str] = set()
+        self._failed: list[str] = []  # keys whose write failed, for take_failed
+        self._undeleted: set[str] = set()  # keys whose unlink failed, retried later
+        self._failing = 0  # failures since the last write that succeeded
+        self._failure_logged_at = -_LOG_EVERY_S
+        self._logged_run = False  # this run of failures was logged
         self.write_errors = 0
 
     def path(self, key: str) -> Path:
@@ -74,27 +89,70 @@ class DiskBlobs:
                 self._done.wait()
             self._pending[key] = data
             self._deleted.discard(key)
+            self._undeleted.discard(key)
         self._pool.submit(self._write, key, data)
         return True
 
     def _write(self, key: str, data: bytes) -> None:
         target = self.path(key)
         temp = target.with_suffix(f".tmp-{threading.get_ident()}")
+        error: OSError | None = None
         try:
             temp.write_bytes(data)
             os.replace(temp, target)
         except OSError as exc:
-            self.write_errors += 1
-            logger.warning("KV disk tier: could not write %s: %s", target, exc)
+            error = exc
             with contextlib.suppress(OSError):
                 temp.unlink()
         with self._lock:
             self._pending.pop(key, None)
+            self._settle(key, error)
             if key in self._deleted:
                 self._deleted.discard(key)
-                with contextlib.suppress(OSError):
-                    target.unlink()
+                self._unlink(key)
             self._done.notify_all()
+
+    def _settle(self, key: str, error: OSError | None) -> None:
+        """Count and log a write's outcome (the lock held). Logged: the first failure of a
+        run of them (at most one such line per `_LOG_EVERY_S`), and the first success after
+        a logged one."""
+        if error is not None:
+            self.write_errors += 1
+            self._failed.append(key)
+            self._failing += 1
+            now = time.monotonic()
+            if self._failing == 1 and now - self._failure_logged_at >= _LOG_EVERY_S:
+                self._failure_logged_at, self._logged_run = now, True
+                logger.warning(
+                    "KV disk tier: writes to %s fail (%s); evicted entries are dropped "
+                    "(counted in inferflux_kv_disk_write_errors_total, not logged) until a "
+                    "write succeeds",
+                    self.blobs,
+                    error.strerror or error,
+                )
+            return
+        if self._failing and self._logged_run:
+            logger.warning(
+                "KV disk tier: writes to %s succeed again (%d failed)", self.blobs, self._failing
+            )
+        self._failing, self._logged_run = 0, False
+        for old in list(self._undeleted):
+            self._undeleted.discard(old)
+            self._unlink(old)
+
+    def _unlink(self, key: str) -> None:
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._undeleted.add(key)
+
+    def take_failed(self) -> list[str]:
+        """The keys whose write failed since the last call (their files do not exist)."""
+        with self._lock:
+            failed, self._failed = self._failed, []
+        return failed
 
     def read(self, key: str) -> bytes | None:
         with self._lock:
@@ -120,8 +178,7 @@ class DiskBlobs:
             if key in self._pending:
                 self._deleted.add(key)
                 return
-        with contextlib.suppress(OSError):
-            self.path(key).unlink()
+            self._unlink(key)
 
     def written(self, key: str) -> bool:
         with self._lock:
@@ -139,14 +196,20 @@ class DiskBlobs:
 
     # -- the snapshot ------------------------------------------------------------------
     def write_manifest(self, manifest: Manifest) -> None:
-        """Replace the manifest atomically (temp file, fsync, rename, fsync the folder)."""
+        """Replace the manifest atomically (temp file, fsync, rename, fsync the folder).
+        OSError (disk full, read-only) leaves the previous one in place."""
         target = self.folder / MANIFEST
         temp = self.folder / f"{MANIFEST}.tmp"
-        with temp.open("wb") as file:
-            file.write(msgspec.msgpack.encode(manifest))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, target)
+        try:
+            with temp.open("wb") as file:
+                file.write(msgspec.msgpack.encode(manifest))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temp, target)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
         fd = os.open(self.folder, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -113,6 +113,7 @@ class KvOffload:
         self._pending: list[tuple[int, str, list[int]]] = []
         self._last_snapshot_at = time.monotonic()
         self.spill_s_total = 0.0
+        self._manifest_failing = False
 
     @property
     def stats(self) -> KvTierStats:
@@ -131,6 +132,7 @@ class KvOffload:
     def spill_pending(self) -> None:
         """Serialize the entries evicted since the last call into the host tier. Call
         before running the scheduler's KV operations."""
+        self._forget_failed_writes()
         pending, self._pending = self._pending, []
         for slot, namespace, token_ids in pending:
             self._spill(slot, namespace, token_ids)
@@ -154,6 +156,17 @@ class KvOffload:
             self.cost.spill_s_per_byte = _mix(self.cost.spill_s_per_byte, elapsed / len(blob))
         if self.store.put(namespace, token_ids, blob) is not None:
             self.store.stats.spills += 1
+
+    def _forget_failed_writes(self) -> None:
+        """Drop the disk-tier entries whose write failed (kv_disk.py): their files do not
+        exist, so they would only hold budget and miss on restore."""
+        if self.disk is None:
+            return
+        for key in self.disk.take_failed():
+            entry = self.store.entry(key)
+            if entry is not None and entry.tier == "disk" and self.disk.written(key):
+                self.store.remove(key)
+        self.store.stats.write_errors = self.disk.write_errors
 
     # -- lookup and restore -------------------------------------------------------------
     def match(
@@ -213,6 +226,7 @@ class KvOffload:
     # -- persistence --------------------------------------------------------------------
     def tick(self, cache: PrefixCache | None) -> None:
         """Between steps: write the disk tier's index when `snapshot_interval_s` passed."""
+        self._forget_failed_writes()
         interval = self.config.snapshot_interval_s
         if not self.config.persist or interval <= 0:
             return
@@ -232,6 +246,7 @@ class KvOffload:
                 self._spill(slot, namespace, token_ids)
             self.store.demote_all()
             self.disk.flush()
+        self._forget_failed_writes()
         entries = [
             ManifestEntry(e.key, e.namespace, e.token_ids, e.nbytes, e.last_used)
             for e in self.store.entries()
@@ -243,7 +258,16 @@ class KvOffload:
             written_at=time.time(),
             entries=entries,
         )
-        self.disk.write_manifest(manifest)
+        try:
+            self.disk.write_manifest(manifest)
+        except OSError as exc:  # disk full or read-only: the previous manifest stays
+            if not self._manifest_failing:  # logged once per run of failures
+                logger.warning("KV snapshot: cannot write the manifest: %s", exc)
+            self._manifest_failing = True
+            return 0
+        if self._manifest_failing:
+            logger.warning("KV snapshot: the manifest is written again")
+        self._manifest_failing = False
         return len(entries)
 
     def load_snapshot(self) -> int:

@@ -229,6 +229,7 @@ class KvTierStats(msgspec.Struct, kw_only=True):
     host_evictions: int = 0  # host → disk (or dropped without a disk tier)
     disk_evictions: int = 0
     dropped_writes: int = 0  # disk writes refused by a full queue
+    write_errors: int = 0  # disk writes that failed (disk full, read-only): entry dropped
     quota_evictions: int = 0
 
 

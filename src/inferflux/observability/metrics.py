@@ -118,6 +118,8 @@ class KvTiersView(Protocol):
     def disk_evictions(self) -> int: ...
     @property
     def dropped_writes(self) -> int: ...
+    @property
+    def write_errors(self) -> int: ...
 
 
 class SpeculativeView(Protocol):
@@ -403,6 +405,11 @@ class Metrics:
             "inferflux_rate_limit_redis_up",
             "1 while the shared rate-limit store answers (0 during an outage; absent "
             "without redis.url)",
+            registry=self.registry,
+        )
+        self.audit_lines_dropped = Counter(
+            "inferflux_audit_lines_dropped_total",
+            "Audit lines a sink could not write (disk full, read-only), dropped",
             registry=self.registry,
         )
         self.guardrail_verdict = Histogram(
@@ -701,6 +708,11 @@ def _kv_tiers(tiers: list[KvTiersView]) -> Iterator[Metric]:
         "inferflux_kv_dropped_writes",
         "Evicted entries dropped because the disk write queue was full",
         sum(t.dropped_writes for t in tiers),
+    )
+    yield _counter(
+        "inferflux_kv_disk_write_errors",
+        "Disk-tier writes that failed (disk full, read-only); the entries were dropped",
+        sum(t.write_errors for t in tiers),
     )
 
 

@@ -17,13 +17,14 @@ never written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import logging.handlers
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,17 +45,34 @@ class _LineFormatter(logging.Formatter):
 
 class AuditLog:
     """Writes audit events. `write` is synchronous and quick (a buffered line per
-    handler); safe from any thread (logging handlers lock)."""
+    handler); safe from any thread (logging handlers lock). A line a sink cannot write
+    is dropped and counted (`dropped`; `on_drop` is called too, e.g. a metric)."""
 
-    def __init__(self, handlers: list[logging.Handler], digester: TextDigester) -> None:
+    def __init__(
+        self,
+        handlers: list[logging.Handler],
+        digester: TextDigester,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
         # NOTE: a private logger (not in logging's registry): nothing else writes to these
         # handlers, and audit lines never reach the application log.
         self._logger = logging.Logger(f"inferflux.audit.{next(_ids)}", logging.INFO)
         self._logger.propagate = False
+        self.dropped = 0
+        self._on_drop = on_drop
         for handler in handlers:
             handler.setFormatter(_LineFormatter())
+            # NOTE: replaces logging's traceback to stderr per line it could not write
+            handler.handleError = self._dropped  # type: ignore[method-assign]
             self._logger.addHandler(handler)
         self.digester = digester
+
+    def _dropped(self, record: logging.LogRecord) -> None:
+        """A line a sink could not write (disk full, read-only, closed stdout)."""
+        del record
+        self.dropped += 1
+        if self._on_drop is not None:
+            self._on_drop()
 
     def write(self, event: Mapping[str, object]) -> None:
         line = json.dumps(
@@ -105,7 +123,9 @@ class AuditLog:
     def close(self) -> None:
         for handler in list(self._logger.handlers):
             self._logger.removeHandler(handler)
-            handler.close()
+            # NOTE: a full disk fails the final flush too; those lines were counted already
+            with contextlib.suppress(OSError):
+                handler.close()
 
 
 def _now() -> str:
@@ -148,8 +168,11 @@ class AuditMiddleware:
             self.audit.request(scope, context, status, time.monotonic() - started_at)
 
 
-def make_audit_log(settings: AuditSettings) -> AuditLog | None:
-    """The audit log `settings` describe; None when it is off or has nowhere to write."""
+def make_audit_log(
+    settings: AuditSettings, on_drop: Callable[[], None] | None = None
+) -> AuditLog | None:
+    """The audit log `settings` describe; None when it is off or has nowhere to write.
+    `on_drop` is called for each line a sink could not write (dropped)."""
     if not settings.enabled or (settings.path is None and not settings.stdout):
         return None
     handlers: list[logging.Handler] = []
@@ -174,4 +197,4 @@ def make_audit_log(settings: AuditSettings) -> AuditLog | None:
         )
     if settings.log_raw_text:
         logger.warning("audit.log_raw_text is on: prompts and outputs are written in clear")
-    return AuditLog(handlers, digester)
+    return AuditLog(handlers, digester, on_drop)

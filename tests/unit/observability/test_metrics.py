@@ -228,8 +228,8 @@ def test_kv_tiers_are_summed_per_tier_and_absent_without_tiers() -> None:
 
     tiers_a = KvTierStats(host_bytes=100, host_entries=1, disk_bytes=50, disk_entries=2,
                           host_hits=3, disk_hits=1, restores=4, refusals=1, skipped=2,
-                          host_evictions=5, dropped_writes=1)  # fmt: skip
-    tiers_b = KvTierStats(host_bytes=10, disk_hits=2, restores=2)
+                          host_evictions=5, dropped_writes=1, write_errors=3)  # fmt: skip
+    tiers_b = KvTierStats(host_bytes=10, disk_hits=2, restores=2, write_errors=1)
     fams = families(make([Worker(0, stats=EngineStats(kv_tiers=tiers_a)),
                           Worker(1, stats=EngineStats(kv_tiers=tiers_b))]))  # fmt: skip
     assert value(fams, "inferflux_kv_tier_bytes", tier="host") == 110
@@ -241,5 +241,23 @@ def test_kv_tiers_are_summed_per_tier_and_absent_without_tiers() -> None:
     assert value(fams, "inferflux_kv_refusals_total") == 1
     assert value(fams, "inferflux_kv_restores_skipped_total") == 2
     assert value(fams, "inferflux_kv_dropped_writes_total") == 1
+    assert value(fams, "inferflux_kv_disk_write_errors_total") == 4
     with pytest.raises(KeyError):
         value(families(make([Worker(0)])), "inferflux_kv_restores_total")
+
+
+def test_dropped_audit_lines_reach_their_counter() -> None:
+    from inferflux.api.security_layer import SecurityEvents
+    from inferflux.config.security_settings import AuditSettings
+    from inferflux.security.audit import make_audit_log
+
+    metrics = make()
+    events = SecurityEvents(metrics)
+    # /dev/full: every write fails with ENOSPC, as on a full disk
+    audit = make_audit_log(AuditSettings(path="/dev/full"), events.on_audit_dropped)
+    assert audit is not None
+    assert value(families(metrics), "inferflux_audit_lines_dropped_total") == 0
+    audit.write({"event": "test"})
+    audit.write({"event": "test"})
+    audit.close()  # the final flush fails too: not raised
+    assert value(families(metrics), "inferflux_audit_lines_dropped_total") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -71,3 +72,20 @@ def test_audit_lines_never_reach_the_application_log(tmp_path, caplog):
         audit.write({"event": "request"})
     audit.close()
     assert caplog.records == []
+
+
+def test_a_line_the_disk_cannot_take_is_dropped_and_counted(capsys):
+    # /dev/full: every write fails with ENOSPC, as on a full disk
+    calls: list[int] = []
+    full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    audit = AuditLog(
+        [logging.StreamHandler(full)], TextDigester(b"k" * 32), lambda: calls.append(1)
+    )
+    actor = Principal(subject="ops", kind="api_key", tenant="t", scopes=frozenset())
+    for _ in range(3):
+        audit.admin_change(actor, "api_key.create", "key_1", {})
+    audit.close()
+    with contextlib.suppress(OSError):  # a StreamHandler leaves its stream open
+        full.close()
+    assert audit.dropped == 3 and len(calls) == 3
+    assert "Logging error" not in capsys.readouterr().err  # no traceback per dropped line
