@@ -99,3 +99,30 @@ async def test_scale_refuses_a_count_out_of_range(pool, num_workers: int) -> Non
     with pytest.raises(InvalidRequest, match=f"workers must be 1..{MAX_WORKERS}"):
         await scaler.scale(num_workers)
     assert sorted(pool.workers) == [0, 1]
+
+
+def gpu_watchdog(pool: WorkerPool, **runtime: object) -> PoolWatchdog:
+    settings = RuntimeSettings.model_validate({"n_gpu_layers": -1, **runtime})
+    return PoolWatchdog(
+        pool, settings, fail_in_flight=lambda worker, error: None, on_ready=Joined()
+    )
+
+
+def test_a_gpu_worker_that_dies_repeatedly_is_restarted_on_cpu(pool, caplog) -> None:
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=3)
+    worker = pool.workers[0]
+    for now in (1.0, 2.0):
+        dog._on_worker_died(worker, now)
+        assert worker.cpu_fallback is None
+    dog._on_worker_died(worker, 3.0)
+    assert worker.cpu_fallback is not None and "3 times" in worker.cpu_fallback
+    assert worker.restarts == 3 and pool.workers[1].cpu_fallback is None
+    assert any("GPU → CPU fallback" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("runtime", [{"gpu_fallback": False}, {"n_gpu_layers": 0}])
+def test_no_cpu_restart_without_fallback_or_gpu_layers(pool, runtime) -> None:
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=1, **runtime)
+    worker = pool.workers[0]
+    dog._on_worker_died(worker, 1.0)
+    assert worker.cpu_fallback is None and worker.restarts == 1
