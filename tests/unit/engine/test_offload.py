@@ -69,9 +69,11 @@ def test_the_fail_fault_makes_a_working_gpu_look_failed() -> None:
     assert not support.can_offload and support.backend == "cuda"
     assert support.error is not None and "INFERFLUX_FAULT_GPU_INIT" in support.error
     assert apply_fault(CUDA, "off") is CUDA
-    plan = choose_backend(-1, lambda: CPU_BUILD, fallback=True, fault="fail")
+    plan = choose_backend(-1, lambda: CUDA, fallback=True, fault="fail")
     assert (plan.requested, plan.backend, plan.n_gpu_layers) == ("cuda", "cpu", 0)
     assert plan.fallback_reason is not None and "failed to initialise" in plan.fallback_reason
+    on_a_cpu_build = choose_backend(-1, lambda: CPU_BUILD, fallback=True, fault="fail")
+    assert (on_a_cpu_build.requested, on_a_cpu_build.backend) == ("gpu", "cpu")
 
 
 def test_the_crash_fault_crashes_gpu_workers_until_restarted_on_cpu() -> None:

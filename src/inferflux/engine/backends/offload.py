@@ -99,13 +99,13 @@ def _unusable(support: GpuSupport) -> str | None:
 
 def apply_fault(support: GpuSupport, fault: GpuFault) -> GpuSupport:
     """`support` as the fault injection makes it look: `fail` = the GPU backend failed to
-    initialise (whatever the hardware); `off` and `crash` leave it as it is."""
+    initialise (whatever the hardware; the backend keeps its real name, "" on a CPU
+    build); `off` and `crash` leave it as it is."""
     if fault != "fail":
         return support
     return replace(
         support,
         can_offload=False,
-        backend=support.backend or "cuda",
         error="fault injected (runtime.fault_gpu_init / INFERFLUX_FAULT_GPU_INIT=fail)",
     )
 
