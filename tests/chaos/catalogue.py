@@ -8,6 +8,7 @@ from tests.chaos.client_faults import client_faults
 from tests.chaos.context import ChaosRun
 from tests.chaos.disk_faults import disk_faults
 from tests.chaos.fuzz import fuzz
+from tests.chaos.gpu_faults import gpu_faults
 from tests.chaos.model_faults import model_faults
 from tests.chaos.opa_faults import opa_faults
 from tests.chaos.redis_faults import redis_restarted
@@ -22,6 +23,7 @@ GROUPS: dict[str, Callable[[ChaosRun], list[FaultResult]]] = {
     "client": client_faults,
     "disk": disk_faults,
     "model": model_faults,
+    "gpu": gpu_faults,
     "fuzz": fuzz,
     "soak": soak,
 }
