@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -133,11 +134,15 @@ class PoolWatchdog:
         worker.restart_at = now  # at the next tick
 
     def _count_gpu_crash(self, worker: PoolWorker, now: float, exitcode: int | None) -> None:
-        """A worker that died with GPU layers `runtime.gpu_fallback_after_crashes` times
+        """A worker that crashed with GPU layers `runtime.gpu_fallback_after_crashes` times
         (within offload.CRASH_WINDOW_S) is restarted on CPU from now on (its next
-        WorkerConfig says why: engine/client.py)."""
+        WorkerConfig says why: engine/client.py). Not crashes: a worker that reported a
+        failed load (`failed`; the load already fell back in the worker) and SIGKILL (an
+        operator, the OOM killer: the CPU would not help)."""
         runtime = self._runtime
         if not runtime.gpu_fallback or runtime.n_gpu_layers == 0 or worker.cpu_fallback:
+            return
+        if worker.failed is not None or exitcode == -signal.SIGKILL:
             return
         if worker.gpu_crashes.record(now, after=runtime.gpu_fallback_after_crashes):
             worker.cpu_fallback = worker.gpu_crashes.reason(exitcode)

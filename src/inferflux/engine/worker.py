@@ -323,6 +323,7 @@ def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer
         n_seq_max=config.max_num_seqs,
         kv_unified=False,
         lora=(),
+        n_gpu_layers=backend.config.n_gpu_layers,  # where the target model went (fallback)
     )
     draft = LlamaCppBackend(context)
     try:

@@ -126,3 +126,22 @@ def test_no_cpu_restart_without_fallback_or_gpu_layers(pool, runtime) -> None:
     worker = pool.workers[0]
     dog._on_worker_died(worker, 1.0)
     assert worker.cpu_fallback is None and worker.restarts == 1
+
+
+def test_failed_loads_and_sigkills_are_no_gpu_crashes(pool) -> None:
+    """A worker that reported a failed load already fell back in the worker; SIGKILL (an
+    operator, the OOM killer) is not the GPU's doing."""
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=1)
+    failed, killed = pool.workers[0], pool.workers[1]
+    failed.failed = "llama.cpp could not load m.gguf"
+    dog._on_worker_died(failed, 1.0)
+
+    class Killed:
+        exitcode = -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    killed.process = Killed()
+    dog._on_worker_died(killed, 1.0)
+    assert failed.cpu_fallback is None and killed.cpu_fallback is None
