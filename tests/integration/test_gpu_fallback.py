@@ -73,3 +73,30 @@ def test_the_model_is_served_on_cpu_and_reported(faulted) -> None:
 
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if "GPU → CPU" in line]
     assert lines and all(line["level"] == "warning" for line in lines), lines
+
+
+def test_a_cpu_server_reports_cpu_without_a_reason(server_url: str) -> None:
+    (worker,) = httpx.get(f"{server_url}/server/stats", timeout=10).json()["workers"]
+    assert (worker["backend"], worker["requested_backend"]) == ("cpu", "cpu")
+    assert worker["fallback_reason"] is None
+    metrics = httpx.get(f"{server_url}/metrics", timeout=10).text
+    assert 'inferflux_worker_backend_info{backend="cpu",requested="cpu",worker="0"} 1.0' in metrics
+
+
+def test_without_fallback_a_failed_gpu_init_stops_the_server(tmp_path: Path) -> None:
+    """`runtime.gpu_fallback: false` keeps the behaviour before the fallback: the worker's
+    load fails and the server exits 1 with a message that names the setting."""
+    env = {
+        "INFERFLUX_RUNTIME__N_GPU_LAYERS": "-1",
+        "INFERFLUX_RUNTIME__GPU_FALLBACK": "false",
+        "INFERFLUX_FAULT_GPU_INIT": "fail",
+    }
+    server = ServerProcess(env=env, log_path=tmp_path / "server.log")
+    try:
+        code = server.process.wait(timeout=120)
+    finally:
+        server.close()
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert code == 1, log[-2000:]
+    assert "failed to initialise" in log and "runtime.gpu_fallback" in log
+    assert "Traceback" not in log

@@ -272,6 +272,12 @@ class RuntimeSettings(_Section):
             )
         return self
 
+    @field_validator("fault_gpu_init", mode="before")
+    @classmethod
+    def _yaml_off_is_false(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `off` as false: that is `off` here."""
+        return "off" if value is False else value
+
     @model_validator(mode="after")
     def _persistence_needs_a_folder(self) -> Self:
         if self.kv_persistence.enabled and not self.nvme_offload.path:
