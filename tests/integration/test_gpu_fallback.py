@@ -19,7 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from inferflux.cli.inferctl import app
 from tests.integration.server_process import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
@@ -70,6 +72,9 @@ def test_the_model_is_served_on_cpu_and_reported(faulted) -> None:
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     sample = 'inferflux_worker_backend_info{backend="cpu",requested="gpu",worker="0"} 1.0'
     assert sample in metrics
+
+    status = CliRunner().invoke(app, ["status", "--url", server.url])
+    assert "backend cpu (requested gpu: " in status.output, status.output
 
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if "GPU → CPU" in line]
     assert lines and all(line["level"] == "warning" for line in lines), lines
