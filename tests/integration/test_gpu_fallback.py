@@ -76,6 +76,9 @@ def test_the_model_is_served_on_cpu_and_reported(faulted) -> None:
     status = CliRunner().invoke(app, ["status", "--url", server.url])
     assert "backend cpu (requested gpu: " in status.output, status.output
 
+    (running,) = httpx.get(f"{server.url}/api/ps", timeout=10).json()["models"]
+    assert running["size_vram"] == 0  # Ollama's view: nothing offloaded
+
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if "GPU → CPU" in line]
     assert lines and all(line["level"] == "warning" for line in lines), lines
 
