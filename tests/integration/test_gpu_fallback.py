@@ -108,3 +108,12 @@ def test_without_fallback_a_failed_gpu_init_stops_the_server(tmp_path: Path) -> 
     assert code == 1, log[-2000:]
     assert "failed to initialise" in log and "runtime.gpu_fallback" in log
     assert "Traceback" not in log
+
+
+def test_the_probe_reads_this_build() -> None:
+    """The seam's probe through the real llama.cpp: this CPU build cannot offload and
+    registers no GPU device (on a CUDA build: can_offload, backend "cuda")."""
+    from inferflux.engine.backends.llama_cpp import gpu_support
+
+    support = gpu_support()
+    assert (support.can_offload, support.backend, support.num_devices) == (False, "", 0)

@@ -75,8 +75,23 @@ def _ggml_function(name: str, restype: Any, argtypes: list[Any]) -> Any:  # Any:
 def gpu_support() -> GpuSupport:
     """What this llama.cpp build and host offer for offloading (the offload seam's probe):
     `llama_supports_gpu_offload`, and the GPU devices ggml registered, named by their
-    backend ("cuda", "metal", "vulkan")."""
+    backend ("cuda", "metal", "vulkan"). A build whose ggml device API cannot be reached
+    is taken at its word: one unnamed device when it can offload."""
     _ensure_backend()
+    can_offload = bool(ll.llama_supports_gpu_offload())
+    try:
+        names = _gpu_device_backends()
+    except AttributeError:  # NOTE: the symbols are missing from this build's libraries
+        return GpuSupport(can_offload=can_offload, num_devices=1 if can_offload else 0)
+    return GpuSupport(
+        can_offload=can_offload,
+        backend=names[0].lower() if names else "",
+        num_devices=len(names),
+    )
+
+
+def _gpu_device_backends() -> list[str]:
+    """The backend name of every GPU device ggml registered, in device order."""
     vp = ctypes.c_void_p
     count = _ggml_function("ggml_backend_dev_count", ctypes.c_size_t, [])
     get = _ggml_function("ggml_backend_dev_get", vp, [ctypes.c_size_t])
@@ -88,11 +103,7 @@ def gpu_support() -> GpuSupport:
         device = get(index)
         if dev_type(device) in _GPU_DEVICE_TYPES:
             names.append((reg_name(dev_reg(device)) or b"gpu").decode("ascii", "replace"))
-    return GpuSupport(
-        can_offload=bool(ll.llama_supports_gpu_offload()),
-        backend=names[0].lower() if names else "",
-        num_devices=len(names),
-    )
+    return names
 
 
 def _load_model(path: str, *, vocab_only: bool, n_gpu_layers: int = 0) -> Any:  # Any: model*
