@@ -8,6 +8,7 @@ from tests.chaos.client_faults import client_faults
 from tests.chaos.context import ChaosRun
 from tests.chaos.disk_faults import disk_faults
 from tests.chaos.fuzz import fuzz
+from tests.chaos.gpu_faults import gpu_faults
 from tests.chaos.memory_faults import memory_faults
 from tests.chaos.model_faults import model_faults
 from tests.chaos.opa_faults import opa_faults
@@ -24,6 +25,7 @@ GROUPS: dict[str, Callable[[ChaosRun], list[FaultResult]]] = {
     "disk": disk_faults,
     "model": model_faults,
     "memory": memory_faults,
+    "gpu": gpu_faults,
     "fuzz": fuzz,
     "soak": soak,
 }

@@ -26,6 +26,7 @@ def test_status_reports_a_ready_worker(server_url: str) -> None:
     assert result.exit_code == 0, result.output
     assert "ready: True" in result.output
     assert "worker 0" in result.output
+    assert "backend cpu" in result.output and "requested" not in result.output  # no fallback
 
 
 def test_status_takes_host_and_port(server_url: str) -> None:

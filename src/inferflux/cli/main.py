@@ -18,6 +18,9 @@ def main() -> None:
 
         router_app(args=sys.argv[2:], prog_name="inferflux router")
         return
+    # NOTE: libllama before numpy and pyzmq (engine/__init__.py says why); explicit here
+    # so that no import cli/serve.py gains ahead of the engine can change that order.
+    import inferflux.engine  # noqa: F401
     from inferflux.cli.serve import main as serve_main
 
     serve_main()

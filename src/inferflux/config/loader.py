@@ -51,6 +51,7 @@ ENV_ALIASES: dict[str, str] = {
     "INFERFLUX_SPEC_DRAFT_MODEL": "runtime.speculative_decoding.draft_model",
     "INFERFLUX_SPEC_MAX_PREFILL": "runtime.speculative_decoding.max_prefill",
     "INFERFLUX_SPEC_CHUNK_SIZE": "runtime.speculative_decoding.max_draft_tokens",
+    "INFERFLUX_FAULT_GPU_INIT": "runtime.fault_gpu_init",  # fault injection (reliability.md)
 }
 # Keys whose values are secrets: never quoted in an error message, and (ENV_ONLY) refused
 # anywhere but the environment.

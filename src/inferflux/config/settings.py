@@ -190,6 +190,26 @@ class RuntimeSettings(_Section):
     n_gpu_layers: int = Field(
         0, ge=-1, le=100_000, description="Layers offloaded to the GPU (-1 = all); 0 on CPU builds."
     )
+    gpu_fallback: bool = Field(
+        True,
+        description="Serve on CPU when n_gpu_layers asks for a GPU that cannot be used (the "
+        "build cannot offload, no device, the GPU load fails) or when a worker dies "
+        "gpu_fallback_after_crashes times with GPU layers; a WARNING, /server/stats and "
+        "inferflux_worker_backend_info say so. False: n_gpu_layers goes to llama.cpp as is.",
+    )
+    gpu_fallback_after_crashes: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Deaths of a worker with GPU layers (within 300 s) after which it is "
+        "restarted on CPU (needs gpu_fallback).",
+    )
+    fault_gpu_init: Literal["off", "fail", "crash"] = Field(
+        "off",
+        description="Fault injection for tests and chaos runs only (docs/reliability.md): "
+        "`fail` makes the GPU backend look as if it failed to initialise, `crash` kills a "
+        "worker asked for GPU layers at start. Env INFERFLUX_FAULT_GPU_INIT.",
+    )
     worker_start_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="How long a worker may take to load its model."
     )
@@ -251,6 +271,12 @@ class RuntimeSettings(_Section):
                 "runtime.kv_unified true (per-sequence KV gives every sequence a full context)"
             )
         return self
+
+    @field_validator("fault_gpu_init", mode="before")
+    @classmethod
+    def _yaml_off_is_false(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `off` as false: that is `off` here."""
+        return "off" if value is False else value
 
     @model_validator(mode="after")
     def _persistence_needs_a_folder(self) -> Self:

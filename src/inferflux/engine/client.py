@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -262,6 +263,9 @@ class WorkerPoolClient:
                 routing=self._router.stats(w.worker_id),
                 hangs=w.health.hangs,
                 draining=w.draining,
+                backend=w.backend,
+                requested_backend=w.requested_backend,
+                fallback_reason=w.fallback_reason,
             )
             for w in self._pool.workers.values()
         ]
@@ -331,6 +335,8 @@ class WorkerPoolClient:
         elif isinstance(message, WorkerReady):
             worker.loaded, worker.pid, worker.failed = True, message.pid, None
             worker.load_s = message.load_s
+            worker.backend, worker.requested_backend = message.backend, message.requested_backend
+            worker.fallback_reason = message.fallback_reason
             self._watchdog.ping(worker)  # ready once it answers: a health check before rotation
         elif isinstance(message, WorkerFailed):
             worker.failed = message.message
@@ -382,7 +388,7 @@ class WorkerPoolClient:
         # cores / the current count, unless runtime.n_threads sets them.
         num_workers = self._pool.num_active()
         runtime = self.settings.runtime.model_copy(update={"workers": max(1, num_workers)})
-        return worker_config(
+        config = worker_config(
             self.settings.model_copy(update={"scheduler": scheduler, "runtime": runtime}),
             self.model_info,
             worker_id=worker.worker_id,
@@ -392,6 +398,9 @@ class WorkerPoolClient:
             exit_with_parent=not self.settings.runtime.in_process,
             health_address=health,
         )
+        if worker.cpu_fallback is None:
+            return config
+        return dataclasses.replace(config, cpu_fallback_reason=worker.cpu_fallback)
 
 
 def make_engine_client(settings: Settings, model_info: ModelInfo) -> EngineClient:

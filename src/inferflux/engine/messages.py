@@ -309,6 +309,9 @@ class WorkerReady(msgspec.Struct, tag="ready", kw_only=True):
     generation: int
     pid: int
     load_s: float
+    backend: str = "cpu"  # where the model runs ("cpu", "cuda", ...)
+    requested_backend: str = "cpu"  # what runtime.n_gpu_layers asked for
+    fallback_reason: str | None = None  # why backend != requested_backend (GPU → CPU)
 
 
 class WorkerFailed(msgspec.Struct, tag="failed", kw_only=True):

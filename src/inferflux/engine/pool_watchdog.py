@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -132,6 +133,23 @@ class PoolWatchdog:
         worker.restarts += 1
         worker.restart_at = now  # at the next tick
 
+    def _count_gpu_crash(self, worker: PoolWorker, now: float, exitcode: int | None) -> None:
+        """A worker that crashed with GPU layers `runtime.gpu_fallback_after_crashes` times
+        (within offload.CRASH_WINDOW_S) is restarted on CPU from now on (its next
+        WorkerConfig says why: engine/client.py). Not crashes: a worker that reported a
+        failed load (`failed`; the load already fell back in the worker) and SIGKILL (an
+        operator, the OOM killer: the CPU would not help)."""
+        runtime = self._runtime
+        if not runtime.gpu_fallback or runtime.n_gpu_layers == 0 or worker.cpu_fallback:
+            return
+        if worker.failed is not None or exitcode == -signal.SIGKILL:
+            return
+        if worker.gpu_crashes.record(now, after=runtime.gpu_fallback_after_crashes):
+            worker.cpu_fallback = worker.gpu_crashes.reason(exitcode)
+            logger.warning(
+                "GPU → CPU fallback: worker %d %s", worker.worker_id, worker.cpu_fallback
+            )
+
     def _on_worker_died(self, worker: PoolWorker, now: float) -> None:
         exitcode = worker.process.exitcode if worker.process is not None else None
         logger.error(
@@ -146,6 +164,7 @@ class PoolWatchdog:
         if worker.draining:
             worker.stopping = True  # being removed: no replacement
             return
+        self._count_gpu_crash(worker, now, exitcode)
         worker.restarts += 1
         delay = 0.0 if worker.failed is None else min(2.0**worker.restarts, _MAX_RESTART_DELAY_S)
         worker.restart_at = now + delay

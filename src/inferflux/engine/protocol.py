@@ -90,6 +90,9 @@ class WorkerStatus:
     routing: WorkerRouting | None = None  # the API side's routing counters of this worker
     hangs: int = 0  # times this worker stopped answering and was killed and replaced
     draining: bool = False  # removed by runtime scaling: finishing its requests, then gone
+    backend: str = "cpu"  # where its model runs ("cpu", "cuda", ...)
+    requested_backend: str = "cpu"  # what runtime.n_gpu_layers asked for
+    fallback_reason: str | None = None  # why backend != requested_backend (GPU → CPU)
 
 
 class Tokenizer(Protocol):

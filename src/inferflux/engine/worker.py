@@ -30,8 +30,15 @@ import zmq
 from inferflux.config.kv_settings import KvPersistenceSettings, NvmeOffloadSettings, PagedKvSettings
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.config.speculative_settings import SpeculativeSettings
-from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend, gpu_support
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
+from inferflux.engine.backends.offload import (
+    GpuFault,
+    OffloadPlan,
+    choose_backend,
+    load_with_fallback,
+    log_plan,
+)
 from inferflux.engine.core import EngineCore
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.frames import ChannelClosed, FrameWriter
@@ -104,6 +111,9 @@ class WorkerConfig:
         default_factory=KvPersistenceSettings  # type: ignore[arg-type]
     )
     speculative: SpecConfig | None = None  # speculative decoding; None = off
+    gpu_fallback: bool = True  # runtime.gpu_fallback (engine/backends/offload.py)
+    fault_gpu_init: GpuFault = "off"  # fault injection: runtime.fault_gpu_init
+    cpu_fallback_reason: str | None = None  # set: the API process restarts this one on CPU
 
 
 def worker_config(
@@ -155,6 +165,8 @@ def worker_config(
         nvme_offload=runtime.nvme_offload,
         kv_persistence=runtime.kv_persistence,
         speculative=spec_config(runtime.speculative_decoding),
+        gpu_fallback=runtime.gpu_fallback,
+        fault_gpu_init=runtime.fault_gpu_init,
     )
 
 
@@ -232,7 +244,7 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
             lora.append((adapter_path, adapter.scale))
         context = dataclasses.replace(config.context, model_path=load_path, lora=tuple(lora))
         try:
-            backend = LlamaCppBackend(context)
+            backend = _load_backend(config, context)
         except ModelLoadError as exc:  # name the files, not /proc/self/fd/N
             message = exc.message
             for fd_path, real in names.items():
@@ -264,6 +276,39 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     return EngineCore(backend, scheduler, _speculator(config, backend), kv_offload=offload)
 
 
+def _load_backend(config: WorkerConfig, context: ContextConfig) -> LlamaCppBackend:
+    """The model on the backend the offload seam picks (engine/backends/offload.py): on
+    CPU when the GPU cannot be used or its load fails (with runtime.gpu_fallback), or when
+    the API process restarts this worker on CPU after repeated deaths on the GPU."""
+    plan = choose_backend(
+        context.n_gpu_layers,
+        gpu_support,
+        fallback=config.gpu_fallback,
+        fault=config.fault_gpu_init,
+        forced_cpu_reason=config.cpu_fallback_reason,
+    )
+    if plan.crash:
+        _crash_for_fault(config)
+    log_plan(plan, config.worker_id)
+
+    def load(n_gpu_layers: int) -> LlamaCppBackend:
+        return LlamaCppBackend(dataclasses.replace(context, n_gpu_layers=n_gpu_layers))
+
+    backend, plan = load_with_fallback(plan, load, fallback=config.gpu_fallback)
+    backend.offload = plan
+    return backend
+
+
+def _crash_for_fault(config: WorkerConfig) -> None:
+    """Fault injection (`runtime.fault_gpu_init: crash`): die at start with SIGSEGV as
+    the CUDA start-up crash did. On a thread of the API process (in_process) a crash
+    would take the server down: the load fails instead."""
+    logger.error("worker %d: fault injected: crashing at start (GPU layers)", config.worker_id)
+    if not config.exit_with_parent:
+        raise ModelLoadError("fault injected: the GPU worker crashed at start")
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer | None:
     """The draft proposer of `config.speculative` (None = off): n-gram, or a draft model
     in a context of its own, one sequence per running slot."""
@@ -278,6 +323,7 @@ def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer
         n_seq_max=config.max_num_seqs,
         kv_unified=False,
         lora=(),
+        n_gpu_layers=backend.config.n_gpu_layers,  # where the target model went (fallback)
     )
     draft = LlamaCppBackend(context)
     try:
@@ -287,6 +333,14 @@ def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer
         backend.close()
         raise
     return DraftModelProposer(spec, draft=draft, batch_tokens=config.max_batch_tokens)
+
+
+def _offload_of(core: EngineCore) -> OffloadPlan:
+    """Where `core`'s model runs (CPU for a backend that is not llama.cpp's)."""
+    backend = core.backend
+    if isinstance(backend, LlamaCppBackend) and backend.offload is not None:
+        return backend.offload
+    return OffloadPlan(requested="cpu", backend="cpu", n_gpu_layers=0)
 
 
 def embedder_factory(core: EngineCore, config: WorkerConfig) -> Callable[[], EmbeddingBackend]:
@@ -412,11 +466,15 @@ def _load_and_serve(
         )
         outbox.send(failed)
         return
+    plan = _offload_of(core)
     ready = WorkerReady(
         worker_id=config.worker_id,
         generation=config.generation,
         pid=os.getpid(),
         load_s=time.monotonic() - started_at,
+        backend=plan.backend,
+        requested_backend=plan.requested,
+        fallback_reason=plan.fallback_reason,
     )
     embeds = EmbedQueue(embedder_factory(core, config))
     provider = make_tracer_provider(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from inferflux.engine.backends.offload import CrashHistory
 from inferflux.engine.frames import FrameReader
 from inferflux.engine.messages import AbortRequests, EngineStats, Shutdown, encode
 from inferflux.engine.worker import WorkerConfig, run_worker, worker_process_main
@@ -68,6 +69,11 @@ class PoolWorker:
     health: WorkerHealth = field(default_factory=WorkerHealth)
     draining: bool = False  # removed by `scale`: out of rotation, finishing its requests
     stopping: bool = False  # told to shut down (drained): the watchdog leaves it alone
+    backend: str = "cpu"  # where its model runs, per its latest WorkerReady
+    requested_backend: str = "cpu"  # what runtime.n_gpu_layers asked for
+    fallback_reason: str | None = None  # why backend != requested_backend
+    gpu_crashes: CrashHistory = field(default_factory=CrashHistory)  # deaths on the GPU
+    cpu_fallback: str | None = None  # set: restarted on CPU from now on (this is why)
 
     def alive(self) -> bool:
         if self.process is not None:

@@ -188,6 +188,10 @@ class WorkerView(Protocol):
     @property
     def hangs(self) -> int: ...
     @property
+    def backend(self) -> str: ...
+    @property
+    def requested_backend(self) -> str: ...
+    @property
     def stats(self) -> EngineStatsView: ...
     @property
     def routing(self) -> RoutingView | None: ...
@@ -761,9 +765,16 @@ def _liveness(workers: Sequence[WorkerView]) -> Iterator[Metric]:
         "Times the worker stopped answering health pings and was killed and replaced",
         labels=["worker"],
     )
+    backend = GaugeMetricFamily(
+        "inferflux_worker_backend_info",
+        "Always 1; `backend` is where the worker's model runs, `requested` what "
+        "runtime.n_gpu_layers asked for (they differ after a GPU → CPU fallback)",
+        labels=["worker", "backend", "requested"],
+    )
     for w in workers:
         worker = str(w.worker_id)
         up.add_metric([worker], 1.0 if w.ready else 0.0)
+        backend.add_metric([worker, w.backend, w.requested_backend], 1.0)
         restarts.add_metric([worker], w.restarts)
         hangs.add_metric([worker], w.hangs)
         if w.load_s is not None:
@@ -772,6 +783,7 @@ def _liveness(workers: Sequence[WorkerView]) -> Iterator[Metric]:
     yield restarts
     yield hangs
     yield load
+    yield backend
 
 
 def _routing(workers: Sequence[WorkerView]) -> Metric:

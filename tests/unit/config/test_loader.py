@@ -270,3 +270,17 @@ def test_api_keys_come_from_the_environment_as_a_json_list() -> None:
     with pytest.raises(ConfigError, match="JSON list of keys") as caught:
         load_settings(env={"INFERFLUX_AUTH__API_KEYS": "sk-not-json-secret"})
     assert "sk-not-json-secret" not in caught.value.message  # a key is never quoted
+
+
+def test_the_gpu_fault_injection_is_off_unless_set(tmp_path) -> None:
+    """INFERFLUX_FAULT_GPU_INIT (docs/reliability.md) is inert by default; a bare YAML
+    `off` (false to YAML 1.1) is `off` too."""
+    assert load_settings(env={}).runtime.fault_gpu_init == "off"
+    env = {"INFERFLUX_FAULT_GPU_INIT": "crash"}
+    assert load_settings(env=env).runtime.fault_gpu_init == "crash"
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  fault_gpu_init: off\n  gpu_fallback_after_crashes: 2\n")
+    runtime = load_settings(path, env={}).runtime
+    assert runtime.fault_gpu_init == "off" and runtime.gpu_fallback
+    with pytest.raises(ConfigError, match="fault_gpu_init"):
+        load_settings(env={"INFERFLUX_FAULT_GPU_INIT": "explode"})

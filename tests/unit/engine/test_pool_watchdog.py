@@ -99,3 +99,49 @@ async def test_scale_refuses_a_count_out_of_range(pool, num_workers: int) -> Non
     with pytest.raises(InvalidRequest, match=f"workers must be 1..{MAX_WORKERS}"):
         await scaler.scale(num_workers)
     assert sorted(pool.workers) == [0, 1]
+
+
+def gpu_watchdog(pool: WorkerPool, **runtime: object) -> PoolWatchdog:
+    settings = RuntimeSettings.model_validate({"n_gpu_layers": -1, **runtime})
+    return PoolWatchdog(
+        pool, settings, fail_in_flight=lambda worker, error: None, on_ready=Joined()
+    )
+
+
+def test_a_gpu_worker_that_dies_repeatedly_is_restarted_on_cpu(pool, caplog) -> None:
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=3)
+    worker = pool.workers[0]
+    for now in (1.0, 2.0):
+        dog._on_worker_died(worker, now)
+        assert worker.cpu_fallback is None
+    dog._on_worker_died(worker, 3.0)
+    assert worker.cpu_fallback is not None and "3 times" in worker.cpu_fallback
+    assert worker.restarts == 3 and pool.workers[1].cpu_fallback is None
+    assert any("GPU → CPU fallback" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("runtime", [{"gpu_fallback": False}, {"n_gpu_layers": 0}])
+def test_no_cpu_restart_without_fallback_or_gpu_layers(pool, runtime) -> None:
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=1, **runtime)
+    worker = pool.workers[0]
+    dog._on_worker_died(worker, 1.0)
+    assert worker.cpu_fallback is None and worker.restarts == 1
+
+
+def test_failed_loads_and_sigkills_are_no_gpu_crashes(pool) -> None:
+    """A worker that reported a failed load already fell back in the worker; SIGKILL (an
+    operator, the OOM killer) is not the GPU's doing."""
+    dog = gpu_watchdog(pool, gpu_fallback_after_crashes=1)
+    failed, killed = pool.workers[0], pool.workers[1]
+    failed.failed = "llama.cpp could not load m.gguf"
+    dog._on_worker_died(failed, 1.0)
+
+    class Killed:
+        exitcode = -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    killed.process = Killed()
+    dog._on_worker_died(killed, 1.0)
+    assert failed.cpu_fallback is None and killed.cpu_fallback is None

@@ -46,6 +46,8 @@ class Worker:
     restarts: int = 0
     load_s: float | None = 1.5
     hangs: int = 0
+    backend: str = "cpu"
+    requested_backend: str = "cpu"
     stats: EngineStats = field(default_factory=EngineStats)
     routing: WorkerRouting | None = None
 
@@ -140,6 +142,14 @@ def test_worker_state_is_summed_over_workers() -> None:
         value(fams, "inferflux_model_load_seconds", worker="1")
 
 
+def test_each_worker_reports_its_backend_and_the_requested_one() -> None:
+    """A GPU → CPU fallback shows as backend cpu, requested cuda (engine/backends/offload.py)."""
+    fams = families(make([Worker(0), Worker(1, backend="cpu", requested_backend="cuda")]))
+    name = "inferflux_worker_backend_info"
+    assert value(fams, name, worker="0", backend="cpu", requested="cpu") == 1
+    assert value(fams, name, worker="1", backend="cpu", requested="cuda") == 1
+
+
 def test_routing_decisions_are_summed_over_workers_by_strategy_and_outcome() -> None:
     def routing(decisions: dict[tuple[str, str], int]) -> WorkerRouting:
         return WorkerRouting(decisions=decisions, affinity_tokens=0, indexed_blocks=0)
@@ -177,6 +187,7 @@ def test_labels_stay_bounded() -> None:
     metrics.observe_phases("high", 0.1, 0.2)
     allowed = {"model", "route", "status", "priority", "finish_reason", "worker", "le"}
     allowed |= {"backend", "mode"}  # the info gauge only
+    allowed |= {"requested"}  # inferflux_worker_backend_info (with worker, backend)
     allowed |= {"version", "python_version", "llama_cpp_python"}  # inferflux_build_info only
     # security: kind (requests/tokens/concurrency), outcome, mode (failure mode), stage
     # (input/output), rule (blocklist, blocklist_regex, pii:<kind>, opa), action

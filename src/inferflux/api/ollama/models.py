@@ -259,7 +259,8 @@ async def running_models(models: ModelsDep, context: ContextDep) -> Response:
         info = serving.model_info
         entry = model_entry(info, await gguf_metadata(info))
         del entry["modified_at"]
-        gpu = serving.settings.runtime.n_gpu_layers != 0
+        # offloaded: a ready worker runs on a GPU (none does after a GPU → CPU fallback)
+        gpu = any(w.ready and w.backend != "cpu" for w in serving.engine.workers())
         left_ns = _FOREVER_NS if view.expires_in_s is None else int(view.expires_in_s * 1e9)
         entry["expires_at"] = rfc3339_nano(time.time_ns() + left_ns)
         entry["size_vram"] = info.size_bytes if gpu else 0

@@ -85,11 +85,16 @@ DestOption = Annotated[
 
 
 def _worker_line(worker: dict[str, Any]) -> str:
-    return (
+    line = (
         f"worker {worker['worker_id']}: pid {worker['pid']} ready {worker['ready']} "
         f"running {worker.get('num_running', 0)} waiting {worker.get('num_waiting', 0)} "
-        f"in-flight {worker.get('num_in_flight', 0)} restarts {worker['restarts']}"
+        f"in-flight {worker.get('num_in_flight', 0)} restarts {worker['restarts']} "
+        f"backend {worker.get('backend', 'cpu')}"
     )
+    reason = worker.get("fallback_reason")
+    if reason:  # a GPU → CPU fallback (docs/reliability.md)
+        line += f" (requested {worker.get('requested_backend')}: {reason})"
+    return line
 
 
 @app.command()

@@ -20,12 +20,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
-import llama_cpp as ll
+# NOTE: llama_cpp (which loads libllama) before numpy and pyzmq: with one CUDA build a
+# process that loaded either of them first segfaulted in llama_model_load_from_file
+# (BENCHMARKS.md, GPU). engine/__init__.py imports this module first for that reason.
+import llama_cpp as ll  # isort: split
+
 import numpy as np
 from llguidance import LLTokenizer
 
 from inferflux.engine.backends.base import DecodeChunk, Logprob, SamplerHandle, SamplerSpec
 from inferflux.engine.backends.llama_cpp_sampler import LogitMasker, Sampler
+from inferflux.engine.backends.offload import GpuSupport, OffloadPlan
 from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_grammar
 from inferflux.errors import EngineError, KvCacheFull, ModelLoadError
 
@@ -54,6 +59,51 @@ def _ensure_backend() -> None:
     """Initialise llama.cpp once per process (functools.cache makes it idempotent)."""
     ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
     ll.llama_backend_init()
+
+
+# ggml_backend_dev_type: 0 CPU, 1 GPU, 2 integrated GPU, 3 accelerator (BLAS, AMX), 4 meta
+_GPU_DEVICE_TYPES = (1, 2)
+
+
+def _ggml_function(name: str, restype: Any, argtypes: list[Any]) -> Any:  # Any: ctypes
+    """A ggml function through libllama's handle (dlsym searches its dependencies)."""
+    function = getattr(ll.llama_cpp._lib, name)
+    function.restype, function.argtypes = restype, argtypes
+    return function
+
+
+def gpu_support() -> GpuSupport:
+    """What this llama.cpp build and host offer for offloading (the offload seam's probe):
+    `llama_supports_gpu_offload`, and the GPU devices ggml registered, named by their
+    backend ("cuda", "metal", "vulkan"). A build whose ggml device API cannot be reached
+    is taken at its word: one unnamed device when it can offload."""
+    _ensure_backend()
+    can_offload = bool(ll.llama_supports_gpu_offload())
+    try:
+        names = _gpu_device_backends()
+    except AttributeError:  # NOTE: the symbols are missing from this build's libraries
+        return GpuSupport(can_offload=can_offload, num_devices=1 if can_offload else 0)
+    return GpuSupport(
+        can_offload=can_offload,
+        backend=names[0].lower() if names else "",
+        num_devices=len(names),
+    )
+
+
+def _gpu_device_backends() -> list[str]:
+    """The backend name of every GPU device ggml registered, in device order."""
+    vp = ctypes.c_void_p
+    count = _ggml_function("ggml_backend_dev_count", ctypes.c_size_t, [])
+    get = _ggml_function("ggml_backend_dev_get", vp, [ctypes.c_size_t])
+    dev_type = _ggml_function("ggml_backend_dev_type", ctypes.c_int, [vp])
+    dev_reg = _ggml_function("ggml_backend_dev_backend_reg", vp, [vp])
+    reg_name = _ggml_function("ggml_backend_reg_name", ctypes.c_char_p, [vp])
+    names: list[str] = []
+    for index in range(count()):
+        device = get(index)
+        if dev_type(device) in _GPU_DEVICE_TYPES:
+            names.append((reg_name(dev_reg(device)) or b"gpu").decode("ascii", "replace"))
+    return names
 
 
 def _load_model(path: str, *, vocab_only: bool, n_gpu_layers: int = 0) -> Any:  # Any: model*
@@ -258,6 +308,7 @@ class LlamaCppBackend:
 
     def __init__(self, config: ContextConfig) -> None:
         self.config = config
+        self.offload: OffloadPlan | None = None  # set by the worker: where the model runs
         self._model = _load_model(
             config.model_path, vocab_only=False, n_gpu_layers=config.n_gpu_layers
         )

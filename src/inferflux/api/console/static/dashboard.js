@@ -100,6 +100,7 @@ export function dashboardPage(main) {
       ["In flight", (w) => String(w.num_in_flight)],
       ["Restarts", (w) => String(w.restarts)],
       ["Hangs", (w) => String(w.hangs)],
+      ["Backend", (w) => (w.fallback_reason ? `${w.backend} (fallback from ${w.requested_backend})` : String(w.backend ?? "cpu"))],
     ], stats.workers, { id: "dash-worker-table" }));
     fill(updated, `Model ${stats.model.id} · ${stats.num_workers} worker(s) · refresh #${refreshes} every ${POLL_S} s (2 calls)`);
     updated.dataset.refreshes = String(refreshes);
