@@ -21,7 +21,7 @@ from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
 from inferflux.engine.messages import KvTierStats
 from inferflux.engine.protocol import WorkerStatus
-from inferflux.observability.metrics import PRIORITIES
+from inferflux.observability.worker_metrics import PRIORITIES
 
 router = APIRouter(tags=["ops"])
 
