@@ -427,7 +427,7 @@ class Scheduler:
         policy = self.policy
         victim: Request | None = None
         if policy.enable_preemption and head.priority <= policy.high_priority_threshold:
-            victim = self._victim(head, _MIN_RUN_TOKENS)
+            victim = self._victim(head, _MIN_RUN_TOKENS, fresh=True)
             if victim is not None:
                 self.counters.preemptions += 1
         if victim is None:
@@ -444,15 +444,21 @@ class Scheduler:
         self.queues[victim.priority].appendleft(victim)
         return [victim]
 
-    def _victim(self, head: Request, min_tokens: int) -> Request | None:
-        """The newest decoding request of a worse class than `head` that ran long enough."""
-        candidates = [
+    def _victim(self, head: Request, min_tokens: int, *, fresh: bool = False) -> Request | None:
+        """The newest decoding request of a worse class than `head` that ran `min_tokens`
+        since its admission. With `fresh` (preemption), a request never preempted before
+        qualifies however little it ran (the guard is there so that a resumed request is
+        not preempted again at once), and one still prefilling its prompt does when no
+        decoding one does: when a wave of new requests has just taken every slot, a
+        high-priority request does not wait for them to produce their first tokens."""
+        worse = [
             r
             for r in self.running
             if r.priority > head.priority
-            and r.num_computed_tokens >= r.num_prompt_tokens
-            and r.tokens_since_admit >= min_tokens
+            and (r.tokens_since_admit >= min_tokens or (fresh and r.num_preemptions == 0))
         ]
+        decoding = [r for r in worse if r.num_computed_tokens >= r.num_prompt_tokens]
+        candidates = decoding or (worse if fresh else [])
         if not candidates:
             return None
         return max(candidates, key=lambda r: (r.priority, r.arrival_at))

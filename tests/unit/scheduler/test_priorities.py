@@ -186,16 +186,31 @@ def test_high_priority_preempts_the_newest_lower_running_request_which_resumes_l
     assert sched.counters.resumes == 1
 
 
-def test_a_just_admitted_request_is_not_preempted_before_it_made_progress() -> None:
+def test_a_resumed_request_is_not_preempted_again_before_it_made_progress() -> None:
     clock = ManualClock()
     sched = scheduler(clock, seqs=1)
     sched.add(req("low", clock, LOW))
     run(sched.schedule())
     sched.add(req("high", clock, HIGH))
+    out = sched.schedule()  # never preempted before: it goes at once, after one token
+    assert [r.request_id for r in out.preempted] == ["low"] and run(out) == ["high"]
+    sched.finish(RequestId("high"))
+    run(sched.schedule())  # resumed
+    sched.add(req("high-2", clock, HIGH))
     for _ in range(15):
         out = sched.schedule()
         assert out.preempted == [] and run(out) == ["low"]
-    out = sched.schedule()  # 16 tokens since admission: now it may be preempted
+    out = sched.schedule()  # 16 tokens since it resumed: now it may be preempted again
+    assert [r.request_id for r in out.preempted] == ["low"] and run(out) == ["high-2"]
+
+
+def test_a_prompt_still_prefilling_is_preempted_when_no_decoding_request_can_be() -> None:
+    clock = ManualClock()
+    sched = scheduler(clock, seqs=1)
+    sched.add(req("low", clock, LOW, n=200))  # 4 steps of prefill at 64 tokens a step
+    run(sched.schedule())
+    sched.add(req("high", clock, HIGH))
+    out = sched.schedule()
     assert [r.request_id for r in out.preempted] == ["low"] and run(out) == ["high"]
 
 
