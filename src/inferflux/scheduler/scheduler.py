@@ -35,8 +35,10 @@ HIGH requests: no request that arrived after it is admitted before it from then 
 
 Fairness. When a waiting request cannot be admitted (no slot, or no KV cells):
 - with `enable_preemption`, a waiting request of class `high_priority_threshold` or
-  better preempts the newest running request of a worse class that has produced at least
-  `_MIN_RUN_TOKENS` since its admission (a preemption);
+  better preempts the newest running request of a worse class (a preemption), and takes
+  its slot even when an aged request ranks ahead of it; a request that was preempted
+  before is safe until it has produced `_MIN_RUN_TOKENS` since it resumed, and a prompt
+  still being prefilled goes only when no decoding request can;
 - otherwise a running request of a worse class that produced `max_timeslice_tokens`
   since its admission gives its slot back (a yield).
 Either way its KV is first copied into the prefix cache, it returns to the front of its
@@ -424,25 +426,40 @@ class Scheduler:
         head = self._next_waiting(now)
         if head is None or self._can_admit(head):
             return []
-        policy = self.policy
-        victim: Request | None = None
-        if policy.enable_preemption and head.priority <= policy.high_priority_threshold:
-            victim = self._victim(head, _MIN_RUN_TOKENS, fresh=True)
-            if victim is not None:
-                self.counters.preemptions += 1
-        if victim is None:
-            victim = self._victim(head, policy.max_timeslice_tokens)
-            if victim is not None:
-                self.counters.yields += 1
-        if victim is None:
-            return []
+        preemptor = self._preemptor(head)
+        victim = self._victim(preemptor, _MIN_RUN_TOKENS, fresh=True) if preemptor else None
+        if victim is not None:
+            self.counters.preemptions += 1
+        else:
+            victim = self._victim(head, self.policy.max_timeslice_tokens)
+            if victim is None:
+                return []
+            self.counters.yields += 1
         kv_ops.extend(self._release(victim, cache=True))
         victim.seq_id = None
         victim.num_computed_tokens = 0  # its KV now lives in the prefix cache, if anywhere
         victim.status = RequestStatus.WAITING
         victim.num_preemptions += 1
         self.queues[victim.priority].appendleft(victim)
+        if preemptor is not None and preemptor is not head and self._can_admit(preemptor):
+            self._admit(preemptor, kv_ops)  # the slot it freed is its own, not the aged head's
         return [victim]
+
+    def _preemptor(self, head: Request) -> Request | None:
+        """The waiting request that may preempt (`enable_preemption`): `head` when its
+        class is `high_priority_threshold` or better; else, when `head` only ranks first by
+        aging, the first waiting request of such a class behind it. Aging orders who gets
+        the slots that free up, so a low request is never starved; it does not make a
+        high-priority request wait for one."""
+        policy = self.policy
+        if not policy.enable_preemption:
+            return None
+        if head.priority <= policy.high_priority_threshold:
+            return head
+        for priority in PriorityClass:
+            if priority <= policy.high_priority_threshold and self.queues[priority]:
+                return self.queues[priority][0]
+        return None
 
     def _victim(self, head: Request, min_tokens: int, *, fresh: bool = False) -> Request | None:
         """The newest decoding request of a worse class than `head` that ran `min_tokens`

@@ -260,3 +260,21 @@ def test_a_preempted_request_goes_through_the_prefix_cache_and_resumes_from_it()
     # only the last sampled token is computed: nothing lost, nothing repeated
     assert chunk.start_pos == 21 and chunk.token_ids == [7] and chunk.sample
     assert low.num_cached_tokens == 0  # cached_tokens reports prompt reuse at first admission
+
+
+def test_a_high_request_behind_an_aged_low_one_preempts_for_itself() -> None:
+    """Aging ranks a long-waiting LOW request first for the slots that free up, but a
+    HIGH request behind it still preempts a running LOW one and takes that slot."""
+    clock = ManualClock()
+    sched = scheduler(clock, seqs=1, aging_s=1.0)
+    sched.add(req("running", clock, LOW))
+    run(sched.schedule())
+    sched.add(req("aged", clock, LOW))
+    clock.now += 2.5  # "aged" now ranks as HIGH, ahead of anything that arrives later
+    sched.add(req("high", clock, HIGH))
+    out = sched.schedule()
+    assert [r.request_id for r in out.preempted] == ["running"] and run(out) == ["high"]
+    # the freed slots go by arrival: the preempted request (first to arrive), then "aged"
+    assert [r.request_id for r in sched.waiting] == ["running", "aged"]
+    sched.finish(RequestId("high"))
+    assert run(sched.schedule()) == ["running"]
