@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+# NOTE: before anything imports grpc. Tests fork this process (pexpect's pty spawn, which
+# runs Python in the child before exec); with gRPC's fork support on, its fork handlers
+# restarted a poller thread in the child, the child's fd cleanup closed the poller's epoll
+# fd, and the child died before exec ("Epoll1Poller ... epoll_wait error: Bad file
+# descriptor", a red CI run). Nothing here uses gRPC across a fork.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from inferflux.config.loader import ENV_ALIASES, SECRET_KEYS, load_settings
-from inferflux.observability import metrics
+from inferflux.observability import metrics, worker_metrics
 from tests.unit.deploy.manifests import (
     KUBERNETES,
     OVERLAYS,
@@ -29,6 +29,11 @@ from tests.unit.deploy.manifests import (
 )
 
 QUEUE_METRIC = "inferflux_scheduler_queue_depth"
+
+
+def _metrics_source() -> str:
+    """The source of every module that defines a Prometheus metric."""
+    return inspect.getsource(metrics) + inspect.getsource(worker_metrics)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +208,7 @@ def test_the_service_monitor_and_network_policy_reach_the_pods(rendered):
 
 
 def test_the_autoscalers_scale_the_deployment_on_the_real_queue_metric(rendered):
-    assert f'"{QUEUE_METRIC}"' in inspect.getsource(metrics), "the metric was renamed"
+    assert f'"{QUEUE_METRIC}"' in _metrics_source(), "the metric was renamed"
     hpa = one(rendered["cpu"], "HorizontalPodAutoscaler")
     scaled = one(rendered["cpu+keda"], "ScaledObject")
     for objects, target in ((rendered["cpu"], hpa), (rendered["cpu+keda"], scaled)):
@@ -371,7 +376,7 @@ def test_the_gateway_overlay_pools_the_server_pods_for_the_endpoint_picker(rende
         for a in epp["spec"]["template"]["spec"]["containers"][0]["args"]
     )
     assert args["pool-name"] == pool["metadata"]["name"]
-    source = inspect.getsource(metrics)
+    source = _metrics_source()
     for flag in (
         "total-queued-requests-metric",
         "total-running-requests-metric",
