@@ -11,7 +11,6 @@ folder's faults are kv_disk_faults.py's (run at the end of this group)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ import httpx
 import yaml
 
 from tests.chaos.context import ChaosRun
-from tests.chaos.kv_disk_faults import kv_disk_faults
+from tests.chaos.kv_disk_faults import fill_until_full, kv_disk_faults
 from tests.chaos.load import LoadSpec, StreamLoad, tally
 from tests.chaos.report import FaultResult
 from tests.chaos.servers import metric, wait_until
@@ -50,14 +49,7 @@ def _tmpfs() -> Iterator[Path]:
 def _fill(folder: Path) -> Path:
     """Write zeros into `folder/filler` until the filesystem is full."""
     filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            with contextlib.suppress(OSError):
-                while os.write(fd, b"\0" * size):
-                    pass
-    finally:
-        os.close(fd)
+    fill_until_full(filler)
     return filler
 
 

@@ -105,14 +105,19 @@ class _Filler:
             self._top_up()
 
     def _top_up(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for size in (1 << 20, 4096, 1):
-                with contextlib.suppress(OSError):
-                    while os.write(fd, b"\0" * size):
-                        pass
-        finally:
-            os.close(fd)
+        fill_until_full(self.path)
+
+
+def fill_until_full(path: Path) -> None:
+    """Append zeros to `path` (created if missing) until its filesystem is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
 
 
 def _tiers(url: str) -> dict[str, int]:

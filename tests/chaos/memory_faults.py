@@ -28,7 +28,7 @@ import yaml
 
 from tests.chaos.context import ChaosRun
 from tests.chaos.load import LoadSpec, StreamLoad, tally
-from tests.chaos.report import FaultResult
+from tests.chaos.report import FaultResult, run_faults
 from tests.chaos.servers import START_TIMEOUT_S, metric, wait_until
 from tests.integration.server_process import ServerProcess
 
@@ -212,13 +212,4 @@ def memory_low(run: ChaosRun) -> FaultResult:
 
 
 def memory_faults(run: ChaosRun) -> list[FaultResult]:
-    results = []
-    for fault in (kv_scarce, memory_low):
-        started = time.monotonic()
-        try:
-            result = fault(run)
-        except Exception as exc:  # noqa: BLE001 - one crashed fault is one failed row
-            result = FaultResult(fault.__name__, target="runs", notes=[f"crashed: {exc!r}"])
-        result.duration_s = time.monotonic() - started
-        results.append(result)
-    return results
+    return run_faults(run, (kv_scarce, memory_low))

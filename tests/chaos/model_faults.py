@@ -17,7 +17,7 @@ import httpx
 from inferflux.models.files import default_model_path
 from tests.chaos.context import ChaosRun
 from tests.chaos.load import LoadSpec, StreamLoad, tally
-from tests.chaos.report import FaultResult
+from tests.chaos.report import FaultResult, run_faults
 from tests.chaos.servers import serving, wait_until
 from tests.integration.server_process import ServerProcess
 
@@ -121,13 +121,4 @@ def truncated_while_loaded(run: ChaosRun) -> FaultResult:
 
 
 def model_faults(run: ChaosRun) -> list[FaultResult]:
-    results = []
-    for fault in (truncated_before_load, replaced_while_loaded, truncated_while_loaded):
-        started = time.monotonic()
-        try:
-            result = fault(run)
-        except Exception as exc:  # noqa: BLE001 - one crashed fault is one failed row
-            result = FaultResult(fault.__name__, target="runs", notes=[f"crashed: {exc!r}"])
-        result.duration_s = time.monotonic() - started
-        results.append(result)
-    return results
+    return run_faults(run, (truncated_before_load, replaced_while_loaded, truncated_while_loaded))

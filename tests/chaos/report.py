@@ -7,8 +7,11 @@ import datetime
 import json
 import os
 import platform
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from tests.chaos.load import Tally
 
@@ -109,3 +112,22 @@ def earlier(path: Path, except_groups: set[str]) -> list[FaultResult]:
         return []
     rows = json.loads(source.read_text(encoding="utf-8"))
     return [FaultResult(**row) for row in rows if row.get("group") not in except_groups]
+
+
+_Context = TypeVar("_Context")
+
+
+def run_faults(
+    context: _Context, faults: Iterable[Callable[[_Context], FaultResult]]
+) -> list[FaultResult]:
+    """Each fault in turn, timed; one that crashes is one failed row, not a stop."""
+    results = []
+    for fault in faults:
+        started = time.monotonic()
+        try:
+            result = fault(context)
+        except Exception as exc:  # noqa: BLE001 - one crashed fault is one failed row
+            result = FaultResult(fault.__name__, target="runs", notes=[f"crashed: {exc!r}"])
+        result.duration_s = time.monotonic() - started
+        results.append(result)
+    return results
