@@ -48,14 +48,13 @@ def _short(message: str) -> str:
 
 def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str | None]:
     """A check of finished text against `schema` (None: any JSON object)."""
-    # NOTE: jsonschema is imported on first use, off the event loop (schema_constraint):
-    # with its format extras installed it builds 39 Lark parsers at import (0.3-0.8 s of
-    # CPU, 34 MB) that a server which never sees a schema should not pay for.
-    from jsonschema import validators
-    from jsonschema.exceptions import best_match
-
     validator = None
     if schema is not None:
+        # NOTE: jsonschema is imported on the first schema, off the event loop
+        # (schema_constraint): with its format extras installed it builds 39 Lark parsers
+        # at import (0.3-0.8 s of CPU, 34 MB) that a server without schemas never needs.
+        from jsonschema import validators
+
         cls = validators.validator_for(schema)
         # NOTE: the draft's own checker; a bare FormatChecker() mixes every draft's, and its
         # draft-3 "time" (HH:MM:SS) rejects the RFC 3339 times llguidance generates
@@ -68,6 +67,8 @@ def _json_validator(schema: Mapping[str, object] | None) -> Callable[[str], str 
             return f"the output is not complete JSON ({exc.msg} at character {exc.pos})"
         if validator is None:
             return None if isinstance(value, dict) else "the output is not a JSON object"
+        from jsonschema.exceptions import best_match  # loaded with the validator: a lookup
+
         try:
             error = best_match(validator.iter_errors(value))
         except Exception as exc:  # NOTE: an untrusted schema (a $ref that resolves nowhere)
@@ -105,8 +106,7 @@ async def schema_constraint(
     """
     if schema is None:
         grammar = await anyio.to_thread.run_sync(lambda: compiler.json_object(param=param))
-        validate = await anyio.to_thread.run_sync(_json_validator, None)
-        return OutputConstraint(grammar, validate)
+        return OutputConstraint(grammar, _json_validator(None))
     compiler.check_schema_bounds(schema, param)  # before any recursive validator
     checked = await anyio.to_thread.run_sync(check_schema, schema, param)
     grammar = await anyio.to_thread.run_sync(lambda: compiler.json_schema(checked, param=param))

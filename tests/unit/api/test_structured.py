@@ -4,6 +4,9 @@ flagged and never reported as a clean stop."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 
@@ -76,3 +79,19 @@ async def test_free_text_answers_carry_no_report(client: httpx.AsyncClient) -> N
     body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}
     choice = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]
     assert "structured_output" not in choice and choice["finish_reason"] == "stop"
+
+
+def test_the_api_imports_jsonschema_only_for_a_schema() -> None:
+    """Its import builds Lark parsers (34 MB, up to 0.8 s) when its format extras are
+    installed: a fresh API process, and one that checked a schema-less JSON output, have
+    not paid for it."""
+    code = (
+        "import sys, inferflux.api.app\n"
+        "from inferflux.api.structured import _json_validator\n"
+        "assert _json_validator(None)('{}') is None\n"
+        "print('jsonschema' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"
