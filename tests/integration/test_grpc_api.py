@@ -243,8 +243,13 @@ def _engine_state(admin: httpx.Client) -> tuple[int, int, int]:
 
 
 def test_a_cancelled_stream_frees_the_engine(server: GrpcServer):
-    """As test_openai_api's SSE disconnect: nothing runs within the same bound (10 s)."""
-    request = _chat("Count from one to one thousand.", max_tokens=2000)
+    """As test_openai_api's SSE disconnect: nothing runs within the same bound (10 s).
+
+    The prompt must not end early: sampled, "Count from one to one thousand." sometimes ends
+    within a few tokens and the call finished OK before the cancel. Greedy, this one runs to
+    max_tokens (as in test_ollama_api).
+    """
+    request = _chat("Write a long essay about the history of Rome.", max_tokens=2000, temperature=0)
     with server.admin() as admin:
         generated_before = _engine_state(admin)[2]
         call = server.stub.Chat(request, metadata=_auth(KEYS["generate"]), timeout=TIMEOUT_S)

@@ -97,7 +97,7 @@ async def test_a_disconnected_stream_is_charged_for_what_it_produced(secured):
     secured.source.set(default_limits=RateLimits(tokens_per_minute=limit))
     me = act_as("cancel")
     async with secured.client() as client:
-        body = chat("Count from one to one hundred.", max_tokens=200, stream=True)
+        body = chat("Count from one to one hundred.", max_tokens=200, stream=True, ignore_eos=True)
         chunks = 0
         async with client.stream("POST", "/v1/chat/completions", headers=me, json=body) as r:
             async for line in r.aiter_lines():
