@@ -94,6 +94,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     speculative: bool = True
 
 
+class ImageInput(msgspec.Struct, kw_only=True, frozen=True):
+    """One image of a prompt (issue 28): the encoded file as the client sent it, already
+    sniffed (PNG, JPEG, WebP, GIF) and size-checked by the API. The worker decodes it,
+    encodes it with the model's mmproj and feeds its embeddings where it stands."""
+
+    sha256: str  # hex SHA-256 of `data`: the image's id in logs, audit and cache keys
+    data: bytes
+    # index into `AddRequest.prompt_token_ids` that the image's tokens go before
+    # (len(prompt_token_ids): after the last token)
+    position: int
+
+
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     """Start generating for a tokenized prompt."""
 
@@ -106,6 +118,8 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     # W3C trace context (`traceparent`, `tracestate`) of the API-side span, so the worker's
     # queue / prefill / decode spans join the request's trace. None when tracing is off.
     trace_context: dict[str, str] | None = None
+    # images of the prompt, by position (ascending); only for a model with an mmproj
+    images: list[ImageInput] = msgspec.field(default_factory=list)
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):

@@ -50,6 +50,13 @@ class ModelInfo:
     n_active_experts: int = 0  # MoE experts used per token (`<arch>.expert_used_count`)
     adapters: tuple[LoraAdapter, ...] = ()  # LoRA applied on top of the base weights
     base_model_id: str = ""  # with adapters: the id of the base model ("" otherwise)
+    mmproj: str = ""  # multimodal projector GGUF (images in); "" = text only
+    mmproj_sha256: str = ""  # verified like `sha256` before libmtmd reads the file
+
+    @property
+    def vision(self) -> bool:
+        """True when the model takes images (it has an mmproj)."""
+        return bool(self.mmproj)
 
     @property
     def is_moe(self) -> bool:
