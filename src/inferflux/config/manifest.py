@@ -1,9 +1,10 @@
 """The model manifest (`registry.path`): its schema, reading it, and the bytes a signature covers.
 
 Owns: `ManifestEntry` (one model: id, aliases, GGUF path, SHA-256, optional ed25519
-signature, default flag, per-model settings), `Manifest` (the list, with its invariants:
-unique ids and names, at most one default), `read_manifest` and `canonical_entry`. Does
-not own: resolving paths, hashing files or checking signatures (engine/model_verify.py).
+signature, default flag, per-model settings, an optional mmproj: the multimodal projector
+GGUF, with its SHA-256), `Manifest` (the list, with its invariants: unique ids and names,
+at most one default), `read_manifest` and `canonical_entry`. Does not own: resolving
+paths, hashing files or checking signatures (engine/model_verify.py).
 
 The manifest is YAML: a list of entries (what `inferctl pull` writes to
 `DIR/models.yaml`), or a mapping whose `models:` holds that list:
@@ -20,6 +21,8 @@ The manifest is YAML: a list of entries (what `inferctl pull` writes to
         threads: 2
         system: You are a terse assistant.       # Ollama: the model's system prompt
         parameters: {temperature: 0.2, stop: ["###"]}  # Ollama: default options
+        mmproj: mmproj-model-f16.gguf            # optional: a projector GGUF (images in)
+        mmproj_sha256: 9a0b...                   # required with mmproj
         signature: 3q2+...                       # optional: ed25519, base64
       - id: tiny
         path: hf://acme/tiny-GGUF/tiny.f16.gguf@main  # a URL: downloaded once (models/download.py)
@@ -72,6 +75,23 @@ def check_hf_url(url: str, where: str) -> None:
         raise ValueError(
             f"{where} {url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION] (no empty, . or .. "
             "parts)"
+        )
+
+
+def check_mmproj(mmproj: str | None, mmproj_sha256: str | None, where: str) -> None:
+    """An mmproj is a local path (no URL), and its SHA-256 needs the file it checks.
+    Raises ValueError naming `where` otherwise."""
+    if mmproj is None:
+        if mmproj_sha256 is not None:
+            raise ValueError(
+                f"{where}_sha256 is set but {where} is not: set {where} (the projector GGUF) "
+                f"or remove {where}_sha256"
+            )
+        return
+    if is_model_url(mmproj):
+        raise ValueError(
+            f"{where} {mmproj!r} is a URL: an mmproj is a local file (download it into the "
+            "models folder and give its path)"
         )
 
 
@@ -167,6 +187,22 @@ class ManifestEntry(BaseModel):
     parameters: ModelParameters | None = Field(
         None, description="Ollama: default options for what a request leaves unset."
     )
+    mmproj: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Multimodal projector GGUF in models_dir (images in); unset: text only.",
+    )
+    mmproj_sha256: str | None = Field(
+        None, pattern=SHA256_PATTERN, description="SHA-256 of the mmproj file (hex), required."
+    )
+
+    @model_validator(mode="after")
+    def _check_mmproj(self) -> Self:
+        check_mmproj(self.mmproj, self.mmproj_sha256, "mmproj")
+        if self.mmproj is not None and self.mmproj_sha256 is None:
+            raise ValueError("mmproj_sha256 is required (64 hex digits) with mmproj")
+        return self
 
     @model_validator(mode="after")
     def _check_aliases(self) -> Self:

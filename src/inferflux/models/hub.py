@@ -114,6 +114,7 @@ class ModelHub:
             spec.model_id == self.names.default_id, state, error=errors.get(spec.model_id),
             adapter_of=spec.base_id, adapters=spec.adapters, system=spec.system,
             parameters=spec.parameters, chat_template=spec.chat_template,
+            mmproj=str(spec.mmproj) if spec.mmproj is not None else "",
         )  # fmt: skip
         if resident is None:
             return view
@@ -236,4 +237,5 @@ def _retiring_view(resident: ResidentModel) -> ModelView:
         resident.serving.model_info, resident.num_leases, resident.load_s,
         workers=tuple(resident.serving.engine.workers()),
         adapter_of=spec.base_id, adapters=spec.adapters,
+        mmproj=str(spec.mmproj) if spec.mmproj is not None else "",
     )  # fmt: skip
