@@ -9,7 +9,11 @@ real demo mmproj (models/demo_vision.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gguf
@@ -31,3 +35,33 @@ def write_projector_header(path: Path, *, has_vision: bool = True) -> Path:
 
 def sha256_hex(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def serve_file(data: bytes, path: str) -> Iterator[tuple[str, list[str]]]:
+    """A loopback HTTP server answering `path` with `data` (404 otherwise): yields its URL
+    and the paths of every GET, for mmproj URL downloads."""
+    gets: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format, *args):  # quiet test output
+            pass
+
+        def do_GET(self):
+            gets.append(self.path)
+            found = self.path == path
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(data) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}{path}", gets
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -21,15 +21,16 @@ The manifest is YAML: a list of entries (what `inferctl pull` writes to
         threads: 2
         system: You are a terse assistant.       # Ollama: the model's system prompt
         parameters: {temperature: 0.2, stop: ["###"]}  # Ollama: default options
-        mmproj: mmproj-model-f16.gguf            # optional: a projector GGUF (images in)
-        mmproj_sha256: 9a0b...                   # required with mmproj
+        mmproj: mmproj-model-f16.gguf            # optional: a projector GGUF (images in),
+        mmproj_sha256: 9a0b...                   #   a path or a URL like `path`
         signature: 3q2+...                       # optional: ed25519, base64
       - id: tiny
         path: hf://acme/tiny-GGUF/tiny.f16.gguf@main  # a URL: downloaded once (models/download.py)
         quantization: Q8_0                       # optional: quantized once (models/quantize.py)
 
 `path` may be a URL: `hf://org/repo/file.gguf@revision` (the Hugging Face Hub; `sha256`
-optional, the hub's LFS hash is checked) or `https://…` / `http://…` (`sha256` required).
+optional, the hub's LFS hash is checked) or `https://…` / `http://…` (`sha256` required);
+so may `mmproj` (with `mmproj_sha256`).
 
 A signature covers `canonical_entry(entry)`: the entry as written, without `signature`,
 as JSON with sorted keys and no spaces (UTF-8). docs/models.md shows how to sign one.
@@ -79,20 +80,14 @@ def check_hf_url(url: str, where: str) -> None:
 
 
 def check_mmproj(mmproj: str | None, mmproj_sha256: str | None, where: str) -> None:
-    """An mmproj is a local path (no URL), and its SHA-256 needs the file it checks.
-    Raises ValueError naming `where` otherwise."""
-    if mmproj is None:
-        if mmproj_sha256 is not None:
-            raise ValueError(
-                f"{where}_sha256 is set but {where} is not: set {where} (the projector GGUF) "
-                f"or remove {where}_sha256"
-            )
-        return
-    if is_model_url(mmproj):
+    """An mmproj URL is checked as a model URL (`check_model_url`), and its SHA-256 needs
+    the file it checks. Raises ValueError naming `where` otherwise."""
+    if mmproj is None and mmproj_sha256 is not None:
         raise ValueError(
-            f"{where} {mmproj!r} is a URL: an mmproj is a local file (download it into the "
-            "models folder and give its path)"
+            f"{where}_sha256 is set but {where} is not: set {where} (the projector GGUF) "
+            f"or remove {where}_sha256"
         )
+    check_model_url(mmproj, mmproj_sha256, where)
 
 
 def check_model_url(path: str | None, sha256: str | None, where: str) -> None:
@@ -191,17 +186,27 @@ class ManifestEntry(BaseModel):
         None,
         min_length=1,
         max_length=4096,
-        description="Multimodal projector GGUF in models_dir (images in); unset: text only.",
+        description="Multimodal projector GGUF (images in), in models_dir or a URL like "
+        "`path`; unset: text only.",
     )
     mmproj_sha256: str | None = Field(
-        None, pattern=SHA256_PATTERN, description="SHA-256 of the mmproj file (hex), required."
+        None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 of the mmproj file (hex). Required, except for an hf:// URL.",
     )
 
     @model_validator(mode="after")
     def _check_mmproj(self) -> Self:
         check_mmproj(self.mmproj, self.mmproj_sha256, "mmproj")
-        if self.mmproj is not None and self.mmproj_sha256 is None:
-            raise ValueError("mmproj_sha256 is required (64 hex digits) with mmproj")
+        mmproj = self.mmproj
+        if (
+            mmproj is not None
+            and self.mmproj_sha256 is None
+            and not mmproj.startswith(HF_URL_SCHEME)
+        ):
+            raise ValueError(
+                "mmproj_sha256 is required (64 hex digits) with mmproj, except for an hf:// URL"
+            )
         return self
 
     @model_validator(mode="after")

@@ -160,7 +160,8 @@ class ModelSettings(_Section):
     mmproj: str | None = Field(
         None,
         description="Multimodal projector GGUF (an mmproj file: images in) served beside "
-        "model.path; a local path. Set: the model takes images (OpenAI image_url parts, "
+        "model.path: a path, or a URL downloaded once like model.path (hf://…, or https://… "
+        "with model.mmproj_sha256). Set: the model takes images (OpenAI image_url parts, "
         "Ollama images) and listings say `vision`. Unset: text only.",
     )
     mmproj_sha256: str | None = Field(

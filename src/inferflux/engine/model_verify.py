@@ -153,7 +153,7 @@ def verify_mmproj(path: str | Path, expected_sha256: str | None) -> Iterator[str
             load_path = stack.enter_context(verified_file(path, expected_sha256))
             _check_projector(load_path, Path(path))
         except ModelLoadError as exc:
-            raise _as_mmproj_error(exc) from None
+            raise as_mmproj_error(exc) from None
         yield load_path
 
 
@@ -175,7 +175,7 @@ def _check_projector(load_path: str, path: Path) -> None:
         )
 
 
-def _as_mmproj_error(exc: ModelLoadError) -> ModelLoadError:
+def as_mmproj_error(exc: ModelLoadError) -> ModelLoadError:
     """The same error, naming the mmproj (its message and field) instead of the model."""
     if exc.param == "mmproj":
         return exc

@@ -22,7 +22,7 @@ from inferflux.config.manifest import (
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
 from inferflux.engine.protocol import LoraAdapter
-from inferflux.models.materialize import entry_file
+from inferflux.models.materialize import entry_file, entry_mmproj
 
 SpecSource = Literal["config", "manifest", "admin"]
 
@@ -80,13 +80,13 @@ def spec_from_entry(
     fetch: bool = False,
 ) -> ModelSpec:
     """Check the entry's signature (over the entry as written, URL included) and resolve
-    its file inside `folder`: a URL's download, a `quantization`'s output
+    its file and mmproj inside `folder`: a URL's download, a `quantization`'s output
     (models/materialize.py; `fetch` True downloads and quantizes now, blocking). Raises
     ModelVerificationFailed (bad signature, path or mmproj escaping the folder),
     ModelLoadError."""
     verifier.verify(entry.id, canonical_entry(entry), entry.signature)
     local = entry_file(entry, folder, fetch=fetch)
-    mmproj = resolve_in_folder(folder, entry.mmproj, param="mmproj") if entry.mmproj else None
+    mmproj = entry_mmproj(entry, folder, fetch=fetch)
     return ModelSpec(
         model_id=entry.id,
         path=local.path,
@@ -101,8 +101,8 @@ def spec_from_entry(
         source=source,
         system=entry.system,
         parameters=entry.parameters,
-        mmproj=mmproj,
-        mmproj_sha256=entry.mmproj_sha256.lower() if entry.mmproj_sha256 else None,
+        mmproj=mmproj.path if mmproj is not None else None,
+        mmproj_sha256=mmproj.sha256.lower() if mmproj is not None and mmproj.sha256 else None,
     )
 
 

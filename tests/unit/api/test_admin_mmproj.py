@@ -20,7 +20,7 @@ from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.models.catalog import Catalog
 from inferflux.models.spec import ModelSpec
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
-from tests.mmproj_header import sha256_hex, write_projector_header
+from tests.mmproj_header import serve_file, sha256_hex, write_projector_header
 from tests.openai_envelope import assert_envelope
 
 SHA = "ab" * 32
@@ -34,7 +34,7 @@ LOAD = {"action": "load", "id": "v", "path": "m.gguf", "sha256": SHA}
         ({"mmproj_sha256": "12"}, 400, None, "mmproj_sha256", None),
         ({"mmproj": "p.gguf"}, 400, None, None, "mmproj_sha256 is required"),
         ({"mmproj_sha256": SHA}, 400, None, None, "mmproj_sha256 is set but mmproj is not"),
-        ({"mmproj": "https://h/p.gguf", "mmproj_sha256": SHA}, 400, None, None, "is a URL"),
+        ({"mmproj": "https://h/p.gguf"}, 400, None, None, "set its sha256"),
         ({"mmproj": 7, "mmproj_sha256": SHA}, 400, None, "mmproj", None),
         (
             {"mmproj": "../../etc/passwd", "mmproj_sha256": SHA},
@@ -109,3 +109,15 @@ async def test_a_model_for_an_mmproj_is_refused(folder_client, tmp_path) -> None
     response = await folder_client.post(URL, json=body)
     assert_envelope(response, 422, code="model_verification_failed")
     assert "not a vision projector GGUF" in response.json()["error"]["message"]
+
+
+async def test_an_mmproj_url_is_downloaded_then_verified(folder_client, tmp_path) -> None:
+    data = write_projector_header(tmp_path / "served" / "p.gguf").read_bytes()
+    with serve_file(data, "/p.gguf") as (url, gets):
+        body = {**LOAD, "sha256": sha256_hex(tmp_path / "m.gguf"),
+                "mmproj": url, "mmproj_sha256": "00" * 32}  # fmt: skip
+        response = await folder_client.post(URL, json=body)
+    assert gets == ["/p.gguf"]  # fetched by the load, then refused: the hash is wrong
+    assert_envelope(response, 422, code="model_verification_failed")
+    assert response.json()["error"]["param"] == "mmproj_sha256"
+    assert "sha256 mismatch" in response.json()["error"]["message"]

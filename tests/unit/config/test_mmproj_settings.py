@@ -28,13 +28,20 @@ def test_text_only_by_default():
     assert Settings().model.mmproj is None
 
 
+def test_an_mmproj_may_be_a_url_like_the_model():
+    model = Settings.model_validate({"model": {"mmproj": "hf://org/repo/mmproj.gguf"}}).model
+    assert model.mmproj == "hf://org/repo/mmproj.gguf"  # the hub's hash is checked
+    entry = ManifestEntry(id="v", path="m.gguf", sha256=SHA, mmproj="hf://o/r/p.gguf@main")
+    assert entry.mmproj_sha256 is None
+
+
 @pytest.mark.parametrize(
     ("model", "expected"),
     [
         ({"mmproj": "m.gguf", "mmproj_sha256": "12"}, "mmproj_sha256"),
         ({"mmproj_sha256": SHA}, "model.mmproj_sha256 is set but model.mmproj is not"),
-        ({"mmproj": "https://example.com/m.gguf"}, "an mmproj is a local file"),
-        ({"mmproj": "hf://org/repo/m.gguf"}, "is a URL"),
+        ({"mmproj": "https://example.com/m.gguf"}, "set its sha256"),
+        ({"mmproj": "hf://org/repo"}, "expected hf://ORG/REPO/FILE.gguf"),
     ],
 )
 def test_model_mmproj_refusals(model, expected):
@@ -60,10 +67,11 @@ def test_a_manifest_entry_takes_an_mmproj_with_its_sha256():
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({"mmproj": "p.gguf"}, "mmproj_sha256 is required"),
+        ({"mmproj": "p.gguf"}, "mmproj_sha256 is required .* except for an hf:// URL"),
         ({"mmproj": "p.gguf", "mmproj_sha256": "ab"}, "mmproj_sha256"),
         ({"mmproj_sha256": SHA}, "mmproj_sha256 is set but mmproj is not"),
-        ({"mmproj": "https://h/p.gguf", "mmproj_sha256": SHA}, "is a URL"),
+        ({"mmproj": "https://h/p.gguf"}, "set its sha256"),
+        ({"mmproj": "hf://org/repo/../p.gguf"}, "expected hf://ORG/REPO/FILE.gguf"),
         ({"mmproj": ""}, "mmproj"),
     ],
 )

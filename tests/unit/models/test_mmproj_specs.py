@@ -8,7 +8,9 @@ only verifies them; no image is encoded here (not a vision test).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +18,18 @@ import pytest
 from inferflux.config.manifest import ManifestEntry
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier
-from inferflux.errors import ConfigError, ModelFileNotFound, ModelVerificationFailed
+from inferflux.errors import (
+    ConfigError,
+    ModelFileNotFound,
+    ModelLoadError,
+    ModelVerificationFailed,
+)
 from inferflux.models.catalog import manifest_catalog, single_model_catalog
+from inferflux.models.download import url_target
 from inferflux.models.files import load_model
+from inferflux.models.materialize import prepare_settings
 from inferflux.models.spec import entry_from_spec, model_settings, spec_from_entry
-from tests.mmproj_header import sha256_hex, write_projector_header
+from tests.mmproj_header import serve_file, sha256_hex, write_projector_header
 
 SHA = "ab" * 32
 VERIFIER = SignatureVerifier((), require=False)
@@ -129,3 +138,48 @@ def test_a_missing_mmproj_refuses_the_load(tmp_path, smollm2_model_path):
     spec = spec_from_entry(entry, folder, VERIFIER, "manifest")
     with pytest.raises(ModelFileNotFound, match="mmproj file .*gone.gguf does not exist"):
         load_model(spec, model_settings(Settings(), spec))
+
+
+@pytest.fixture
+def mmproj_url(tmp_path) -> Iterator[tuple[str, bytes, list[str]]]:
+    data = write_projector_header(tmp_path / "served" / "mmproj.gguf").read_bytes()
+    with serve_file(data, "/mmproj.gguf") as (url, gets):
+        yield url, data, gets
+
+
+def test_an_mmproj_url_is_downloaded_once_into_the_folder(tmp_path, mmproj_url):
+    url, data, gets = mmproj_url
+    sha = hashlib.sha256(data).hexdigest()
+    folder = tmp_path / "models"
+    entry = ManifestEntry(id="v", path="m.gguf", sha256=SHA, mmproj=url, mmproj_sha256=sha)
+    with pytest.raises(ModelLoadError, match="is not downloaded") as caught:
+        spec_from_entry(entry, folder, VERIFIER, "manifest")  # no fetch: nothing there yet
+    assert caught.value.param == "mmproj"
+    spec = spec_from_entry(entry, folder, VERIFIER, "manifest", fetch=True)
+    assert spec.mmproj == url_target(folder, url, sha) and spec.mmproj.read_bytes() == data
+    assert spec.mmproj_sha256 == sha and gets == ["/mmproj.gguf"]
+    again = spec_from_entry(entry, folder, VERIFIER, "manifest", fetch=True)
+    assert again.mmproj == spec.mmproj and gets == ["/mmproj.gguf"]  # not fetched again
+
+
+def test_an_mmproj_url_with_the_wrong_hash_keeps_nothing(tmp_path, mmproj_url):
+    url, _, _ = mmproj_url
+    folder = tmp_path / "models"
+    entry = ManifestEntry(id="v", path="m.gguf", sha256=SHA, mmproj=url, mmproj_sha256=SHA)
+    with pytest.raises(ModelVerificationFailed, match="sha256 mismatch") as caught:
+        spec_from_entry(entry, folder, VERIFIER, "manifest", fetch=True)
+    assert caught.value.param == "mmproj_sha256"
+    assert list(folder.iterdir()) == []
+
+
+def test_a_model_section_mmproj_url_is_downloaded_before_serving(tmp_path, mmproj_url):
+    url, data, _ = mmproj_url
+    sha = hashlib.sha256(data).hexdigest()
+    settings = Settings.model_validate(
+        {"model": {"mmproj": url, "mmproj_sha256": sha},
+         "registry": {"models_dir": str(tmp_path / "models")}}
+    )  # fmt: skip
+    prepared = prepare_settings(settings, lambda _: tmp_path / "m.gguf")
+    assert prepared.model.mmproj == str(url_target(tmp_path / "models", url, sha))
+    assert prepared.model.mmproj_sha256 == sha
+    assert prepare_settings(Settings(), lambda _: tmp_path / "m.gguf") == Settings()
