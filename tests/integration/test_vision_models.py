@@ -18,6 +18,7 @@ import openai
 import pytest
 import yaml
 
+from tests.integration.fake_hub import FakeHub, hub_env, serve_hub
 from tests.integration.server_process import INFERFLUX, ServerProcess, free_port
 from tests.mmproj_header import sha256_hex, write_projector_header
 
@@ -79,6 +80,35 @@ def test_a_manifest_entry_with_an_mmproj_is_a_vision_model(tmp_path, smollm2_mod
         _assert_vision(server.url, "text", vision=False)
     finally:
         server.close()
+
+
+def test_an_hf_mmproj_is_downloaded_once_into_the_models_folder(
+    tmp_path, smollm2_model_path
+) -> None:
+    demo = _demo_vision()
+    mmproj = tmp_path / "source" / "mmproj.gguf"
+    mmproj.parent.mkdir()
+    demo.build_demo_mmproj(mmproj)
+    fake = FakeHub({"acme/vision-GGUF": {"mmproj.gguf": mmproj.read_bytes()}})
+    folder = tmp_path / "models"
+    folder.mkdir()
+    manifest = _manifest(folder, smollm2_model_path, mmproj, "unused")
+    entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["models"]
+    entries[0].update(mmproj="hf://acme/vision-GGUF/mmproj.gguf@main")
+    del entries[0]["mmproj_sha256"]  # the hub's LFS hash is checked instead
+    manifest.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
+    with serve_hub(fake) as endpoint:
+        env = {**hub_env(endpoint, tmp_path), "HOME": str(tmp_path)}
+        server = ServerProcess("--registry", str(manifest), env=env)
+        try:
+            server.wait_ready()
+            _assert_vision(server.url, "see")
+        finally:
+            server.close()
+    local = folder / "acme" / "vision-GGUF" / "mmproj.gguf"
+    assert local.read_bytes() == mmproj.read_bytes()
+    (download,) = fake.downloads  # once
+    assert download.startswith("/acme/vision-GGUF/resolve/") and download.endswith("/mmproj.gguf")
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
