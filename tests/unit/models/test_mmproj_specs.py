@@ -28,7 +28,9 @@ from inferflux.models.catalog import manifest_catalog, single_model_catalog
 from inferflux.models.download import url_target
 from inferflux.models.files import load_model
 from inferflux.models.materialize import prepare_settings
+from inferflux.models.resident import system_fingerprint
 from inferflux.models.spec import entry_from_spec, model_settings, spec_from_entry
+from tests.fakes.engine import fake_model_info
 from tests.mmproj_header import serve_file, sha256_hex, write_projector_header
 
 SHA = "ab" * 32
@@ -183,3 +185,12 @@ def test_a_model_section_mmproj_url_is_downloaded_before_serving(tmp_path, mmpro
     assert prepared.model.mmproj == str(url_target(tmp_path / "models", url, sha))
     assert prepared.model.mmproj_sha256 == sha
     assert prepare_settings(Settings(), lambda _: tmp_path / "m.gguf") == Settings()
+
+
+def test_the_system_fingerprint_follows_the_mmproj():
+    text = fake_model_info()
+    vision = dataclasses.replace(text, mmproj="/m/p.gguf", mmproj_sha256=SHA)
+    other = dataclasses.replace(vision, mmproj_sha256="cd" * 32)
+    fingerprints = {system_fingerprint(info) for info in (text, vision, other)}
+    assert len(fingerprints) == 3
+    assert system_fingerprint(text) == system_fingerprint(dataclasses.replace(text))
