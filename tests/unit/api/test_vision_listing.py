@@ -1,7 +1,7 @@
 """Which models take images, as each listing says it: /v1/models (`meta.capabilities`,
 `architecture.input_modalities`), Ollama's /api/tags (`clip` in `families`) and
-/api/show (`vision` in `capabilities`, `projector_info`), LM Studio's `type: vlm`; for a
-loaded model and for a registered one that is not loaded.
+/api/show (`vision` in `capabilities`, `projector_info`), LM Studio's `type: vlm`, gRPC
+ListModels' `vision`; for a loaded model and for a registered one that is not loaded.
 
 The app runs over the fake engine; the model files are the real SmolLM2 GGUF (listings
 read its header) and the mmproj files header-only stand-ins (tests/mmproj_header.py):
@@ -14,6 +14,7 @@ import dataclasses
 import os
 from collections.abc import AsyncIterator
 
+import grpc
 import httpx
 import pytest
 
@@ -23,17 +24,25 @@ from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.models.catalog import Catalog
 from inferflux.models.spec import ModelSpec
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
+from tests.integration.server_process import free_port
 from tests.mmproj_header import sha256_hex, write_projector_header
 
 
 @pytest.fixture
-async def client(tmp_path, smollm2_model_path) -> AsyncIterator[httpx.AsyncClient]:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+async def client(tmp_path, smollm2_model_path, grpc_port) -> AsyncIterator[httpx.AsyncClient]:
     """A loaded vision model (the default), a registered vision model that is not loaded
     and a registered text model."""
     model = tmp_path / "m.gguf"
     os.link(smollm2_model_path, model)
     mmproj = write_projector_header(tmp_path / "mmproj.gguf")
-    settings = Settings.model_validate({"registry": {"max_resident_models": 1}})
+    settings = Settings.model_validate(
+        {"registry": {"max_resident_models": 1}, "server": {"grpc_port": grpc_port}}
+    )
     info = dataclasses.replace(fake_model_info(), path=str(model), mmproj=str(mmproj))
     sha = sha256_hex(model)
 
@@ -107,3 +116,13 @@ async def test_the_admin_listing_names_the_mmproj(client, tmp_path) -> None:
     models = {m["id"]: m for m in (await client.get("/v1/admin/models")).json()["data"]}
     assert models["idle-vision"]["mmproj"] == str(tmp_path / "mmproj.gguf")
     assert models["text"]["mmproj"] is None
+
+
+async def test_grpc_list_models_says_vision(client, grpc_port) -> None:
+    from inferflux.api.grpc.gen import inference_pb2 as pb
+    from inferflux.api.grpc.gen import inference_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        answer = await stub.ListModels(pb.ListModelsRequest(), timeout=10)
+    assert {m.id: m.vision for m in answer.models} == VISION
