@@ -60,7 +60,7 @@ from inferflux.engine.messages import (
     decode_input,
     encode,
 )
-from inferflux.engine.model_verify import verified_file
+from inferflux.engine.model_verify import verified_file, verify_mmproj
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
 from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
@@ -293,12 +293,14 @@ def _image_preparer(
         return None
     from inferflux.engine.backends.llama_cpp_vision import VisionEncoder  # libmtmd: lazily
 
-    load_path = files.enter_context(verified_file(config.mmproj, config.mmproj_sha256 or None))
+    load_path = files.enter_context(verify_mmproj(config.mmproj, config.mmproj_sha256 or None))
     try:
+        # Half the batch threads: the tower runs beside decode steps (1 on 2 cores, where
+        # 2 stalled in ggml's barrier: docs/engine-notes.md)
         encoder = VisionEncoder(
             load_path,
             backend.model_handle,
-            n_threads=config.context.n_threads_batch,
+            n_threads=max(1, config.context.n_threads_batch // 2),
             use_gpu=config.context.n_gpu_layers != 0,
         )
     except EngineError as exc:
@@ -307,6 +309,7 @@ def _image_preparer(
     rows = ImageRows()
     backend.image_rows = rows.embeddings
     backend.image_non_causal = encoder.non_causal
+    backend.image_n_embd = encoder.n_embd
     stat = os.stat(config.mmproj)
     mmproj_id = config.mmproj_sha256 or f"{config.mmproj}:{stat.st_size}:{stat.st_mtime_ns}"
     return ImagePreparer(

@@ -343,6 +343,7 @@ class LlamaCppBackend:
         # tokens (negative ids); a chunk holds either those or tokens (scheduler/request.py)
         self.image_rows: Callable[[list[int]], np.ndarray] | None = None
         self.image_non_causal = False  # the vision model wants an image's rows bidirectional
+        self.image_n_embd = 0  # the width of an embedding row (llama_model_n_embd_inp)
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
@@ -488,8 +489,9 @@ class LlamaCppBackend:
         if self.image_rows is None:
             raise EngineError("image tokens for a model without an mmproj")
         rows = [(seq, start, self.image_rows(ids), False) for seq, ids, start, _ in chunks]
-        n_embd = ll.llama_model_n_embd(self._model)
-        status = decode_embeddings(self._ctx, n_embd, rows, non_causal=self.image_non_causal)
+        status = decode_embeddings(
+            self._ctx, self.image_n_embd, rows, non_causal=self.image_non_causal
+        )
         _check_decode(status, sum(len(ids) for _, ids, _, _ in chunks))
 
     def free_seq(self, seq_id: int) -> None:
