@@ -38,6 +38,12 @@ N_EMBD = 576
 N_BATCH = 512
 USER = "<|im_start|>user\n"
 QUESTION = "What colour is this image?<|im_end|>\n<|im_start|>assistant\n"
+# SmolLM2's chat template adds this system prompt when a conversation has none
+SYSTEM = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+    "Hugging Face<|im_end|>\n"
+)
+ONE_WORD = "What colour is this image? Answer with one word.<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +137,13 @@ def greedy(ctx: Any, model: Any, pos: int, n: int = 8, seq_id: int = 0) -> list[
     return out
 
 
-def decode_with_wrapper(ctx: Any, model: Any, encoded: EncodedImage, seq_id: int = 0) -> int:
-    """[USER tokens, the image's segments, QUESTION tokens] into `seq_id`; returns the
+def decode_with_wrapper(
+    ctx: Any, model: Any, encoded: EncodedImage, user: str = USER, question: str = QUESTION
+) -> int:
+    """[user tokens, the image's segments, question tokens] into sequence 0; returns the
     position after the prompt."""
-    prefix, suffix = tokenize(model, USER), tokenize(model, QUESTION)
+    seq_id = 0
+    prefix, suffix = tokenize(model, user), tokenize(model, question)
     decode_tokens(ctx, [(seq_id, prefix, 0)])
     pos = len(prefix)
     for segment in encoded.segments:
@@ -198,7 +207,7 @@ def test_encoder_facts(encoder: VisionEncoder) -> None:
 def test_encode_shapes(encoder: VisionEncoder, size: tuple[int, int]) -> None:
     encoded = encode(encoder, image(*size, (200, 30, 30)))
     chunks = chunks_of(encoded)
-    assert len(chunks) == 5  # 2x2 tiles of 128 (longest edge 256) and the overview
+    assert len(chunks) == 2  # one 128x128 tile (longest edge 128) and the overview
     for chunk in chunks:
         assert chunk.embeddings.shape == (16, N_EMBD)
         assert chunk.embeddings.dtype == np.float32
@@ -206,8 +215,8 @@ def test_encode_shapes(encoder: VisionEncoder, size: tuple[int, int]) -> None:
         assert chunk.n_pos == 16 and not chunk.non_causal
     texts = [s for s in encoded.segments if isinstance(s, tuple)]
     assert texts and all(t and min(t) >= 0 for t in texts)  # no LLAMA_TOKEN_NULL
-    assert encoded.n_tokens == encoded.n_pos == 80 + sum(len(t) for t in texts)
-    print(f"\n{size}: {encoded.n_tokens} tokens, 80 of them image embeddings")  # noqa: T201
+    assert encoded.n_tokens == encoded.n_pos == 32 + sum(len(t) for t in texts)
+    print(f"\n{size}: {encoded.n_tokens} tokens, 32 of them image embeddings")  # noqa: T201
 
 
 def test_same_image_same_embeddings(encoder: VisionEncoder) -> None:
@@ -234,14 +243,14 @@ def test_decode_matches_libmtmd(ctx: Any, model: Any, encoder: VisionEncoder) ->
 
 
 def test_two_sequences_in_one_decode(ctx: Any, model: Any, encoder: VisionEncoder) -> None:
-    images = [image(640, 480, (220, 20, 20)), image(640, 480, (20, 20, 220), stripe=True)]
+    images = [image(640, 480, (255, 0, 0)), image(64, 64, (0, 0, 255))]
     encoded = [encode(encoder, img) for img in images]
     alone = []
     for one in encoded:
         ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
-        alone.append(greedy(ctx, model, decode_with_wrapper(ctx, model, one)))
+        alone.append(greedy(ctx, model, decode_with_wrapper(ctx, model, one, question=ONE_WORD)))
     ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
-    prefix, suffix = tokenize(model, USER), tokenize(model, QUESTION)
+    prefix, suffix = tokenize(model, USER), tokenize(model, ONE_WORD)
     decode_tokens(ctx, [(0, prefix, 0), (1, prefix, 0)])
     pos = len(prefix)
     for seg0, seg1 in zip(encoded[0].segments, encoded[1].segments, strict=True):
@@ -267,6 +276,30 @@ def test_two_sequences_in_one_decode(ctx: Any, model: Any, encoder: VisionEncode
         index, pos = [0, 1], pos + 1
     assert together == alone
     assert alone[0] != alone[1]  # the images do reach the model
+
+
+@pytest.mark.parametrize("colour", ["red", "green", "blue"])
+def test_the_demo_image_means_its_colour(
+    ctx: Any, model: Any, encoder: VisionEncoder, colour: str
+) -> None:
+    """The demo mmproj's one trick (models/demo_vision.py), through SmolLM2's own chat
+    template (its default system prompt): a solid image is read as its colour word."""
+    rgb = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}[colour]
+    pos = decode_with_wrapper(
+        ctx, model, encode(encoder, image(64, 64, rgb)), SYSTEM + USER, ONE_WORD
+    )
+    answer = detokenize(model, greedy(ctx, model, pos, n=10))
+    assert colour in answer.lower(), answer
+
+
+def detokenize(model: Any, tokens: list[int]) -> str:
+    vocab = ll.llama_model_get_vocab(model)
+    out = b""
+    for token in tokens:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        out += buf.raw[:n]
+    return out.decode("utf-8", "replace")
 
 
 def test_mismatched_model_is_a_load_error(gemma3_model_path: str, mmproj: str) -> None:
@@ -298,8 +331,10 @@ def test_encode_times(encoder: VisionEncoder) -> None:
     for side in (64, 512, 1024):
         img = image(side, side, (90, 90, 200), stripe=True)
         data = img.tobytes()
-        encoder.encode(data, side, side, "warm")
-        started = time.perf_counter()
-        encoded = encoder.encode(data, side, side, "timed")
-        elapsed_s = time.perf_counter() - started
-        print(f"\nencode {side}x{side}: {elapsed_s * 1000:.1f} ms, {encoded.n_tokens} tokens")  # noqa: T201
+        times_s = []
+        for _ in range(3):
+            started = time.perf_counter()
+            encoded = encoder.encode(data, side, side, "timed")
+            times_s.append(time.perf_counter() - started)
+        ms = ", ".join(f"{t * 1000:.1f}" for t in times_s)
+        print(f"\nencode {side}x{side}: {ms} ms, {encoded.n_tokens} tokens")  # noqa: T201

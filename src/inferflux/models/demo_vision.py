@@ -5,11 +5,14 @@ No small vision model ships on PyPI, so InferFlux writes one. SmolVLM-256M is Sm
 one linear layer); this file is that architecture in miniature, read by llama.cpp's own
 loader (libmtmd, projector type `idefics3`):
 
-- tiles of 128x128 pixels (an image is resized so its longest edge is 256, cut into up to
-  2x2 tiles, plus a 128x128 overview), 16x16 patches, so 64 patches a tile;
+- tiles of 128x128 pixels: libmtmd's idefics3 preprocessing resizes an image to a longest
+  edge of 128 and cuts it into tiles of 128 (so one tile) plus a 128x128 overview;
+  16x16 patches, so 64 patches a tile;
 - a 2-block SigLIP tower, hidden 64, 4 heads, feed-forward 128, GELU;
 - pixel shuffle by 2 (4 patches become one 256-wide row) and a 256 -> 576 linear layer:
-  16 image embeddings a tile, 80 for a 2x2 grid plus the overview.
+  16 image embeddings a tile, 32 an image (the tile and the overview). libmtmd adds the
+  idefics3 text around them (`<fake_token_around_image><row_1_col_1>` ..., about 20
+  SmolLM2 tokens).
 
 The weights are **not trained**; they are written by hand and with a seeded generator,
 so the same version always gives the same bytes:
@@ -23,6 +26,10 @@ so the same version always gives the same bytes:
   E(" green") + (1+B)/2 * E(" blue") (averaged over the 4 shuffled patches), so a solid
   red image shows the model the embedding of " red". Other dims get seeded noise.
 It makes an image *mean* a colour and nothing else; it is a test fixture, not a model.
+With SmolLM2's chat template, "What colour is this image?" about a solid red, green or
+blue image gets the right colour word (greedy; tests/integration/test_vision_encoder.py).
+A longest edge of 256 (2x2 tiles) diluted the colour among more wrapper tokens and got
+green wrong.
 
 Change any weight → bump `DEMO_MMPROJ_VERSION` (the file name carries it, and caches
 key on it).
@@ -52,7 +59,7 @@ DEMO_MMPROJ_VERSION = 1
 DEMO_COLOUR_WORDS = ("Ġred", "Ġgreen", "Ġblue")  # GPT-2 style pieces: " red", ...
 
 _IMAGE_SIZE = 128  # one tile
-_LONGEST_EDGE = 256  # images are resized to this longest edge, then tiled
+_LONGEST_EDGE = 128  # images are resized to this longest edge, then tiled
 _PATCH = 16
 _N_EMBD = 64
 _N_HEAD = 4
@@ -86,8 +93,8 @@ def build_demo_mmproj(path: Path, text_model: Path | None = None) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    writer = gguf.GGUFWriter(str(tmp), "clip")
     try:
-        writer = gguf.GGUFWriter(str(tmp), "clip")
         _add_metadata(writer)
         for name, data in _tensors(colours).items():
             writer.add_tensor(name, data)
@@ -95,8 +102,10 @@ def build_demo_mmproj(path: Path, text_model: Path | None = None) -> None:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        tmp.chmod(0o644)  # mkstemp makes it 0600; a model file is readable
         os.replace(tmp, path)
     except BaseException:
+        writer.close()  # idempotent; frees the file handle a failed write left open
         tmp.unlink(missing_ok=True)
         raise
 
