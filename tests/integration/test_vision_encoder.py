@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from inferflux.engine.backends.llama_cpp_vision import (
     VisionEncoder,
     VisionError,
     decode_embeddings,
+    rgb_pixels,
 )
 from inferflux.errors import ModelLoadError
 from inferflux.models.demo_vision import demo_mmproj_path
@@ -300,6 +302,37 @@ def detokenize(model: Any, tokens: list[int]) -> str:
         n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
         out += buf.raw[:n]
     return out.decode("utf-8", "replace")
+
+
+def test_non_causal_decode_restores_causal_attention(ctx: Any, model: Any) -> None:
+    """Embeddings decoded with causal attention off (seq 1); text decoded afterwards (seq
+    0) gets the same logits as in a context that never turned it off."""
+    text = tokenize(model, SYSTEM + USER + "Hello there")
+    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+    decode_tokens(ctx, [(0, text, 0)])
+    fresh = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+    ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+    rows = np.random.default_rng(0).standard_normal((16, N_EMBD)).astype(np.float32) * 0.05
+    assert decode_embeddings(ctx, N_EMBD, [(1, 0, rows, True)], non_causal=True) == 0
+    decode_tokens(ctx, [(0, text, 0)])
+    after = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+    assert np.array_equal(after, fresh)
+
+
+def test_rgb_pixels_of_image_files() -> None:
+    img = image(40, 30, (10, 200, 30))
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF"):
+        buf = io.BytesIO()
+        img.save(buf, fmt)
+        rgb, width, height = rgb_pixels(buf.getvalue())
+        assert (width, height, len(rgb)) == (40, 30, 40 * 30 * 3)
+        pixel = np.frombuffer(rgb, dtype=np.uint8).reshape(30, 40, 3)[15, 20]
+        assert np.allclose(pixel, (10, 200, 30), atol=12), fmt
+    rgba = io.BytesIO()
+    Image.new("RGBA", (8, 4), (255, 0, 0, 0)).save(rgba, "PNG")
+    assert rgb_pixels(rgba.getvalue())[1:] == (8, 4)
+    with pytest.raises(VisionError, match="could not be decoded"):
+        rgb_pixels(b"\x89PNG\r\n\x1a\n not really")
 
 
 def test_mismatched_model_is_a_load_error(gemma3_model_path: str, mmproj: str) -> None:

@@ -19,6 +19,7 @@ which `llama_decode` refuses; `encode` drops those tokens.
 from __future__ import annotations
 
 import ctypes
+import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import llama_cpp as ll  # isort: split
 
 import llama_cpp.mtmd_cpp as mtmd
 import numpy as np
+from PIL import Image, ImageOps
 
 from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.errors import EngineError, ModelLoadError
@@ -40,6 +42,7 @@ __all__ = [
     "VisionEncoder",
     "VisionError",
     "decode_embeddings",
+    "rgb_pixels",
 ]
 
 logger = logging.getLogger(__name__)
@@ -212,6 +215,19 @@ class VisionEncoder:
         if self._ctx:
             mtmd.mtmd_free(self._ctx)
             self._ctx = None
+
+
+def rgb_pixels(data: bytes) -> tuple[bytes, int, int]:
+    """An encoded image file (PNG, JPEG, WebP, GIF: its first frame) as packed RGB bytes,
+    width, height, upright per its EXIF orientation; alpha is dropped (as llama.cpp's own
+    loader does). The API has sniffed and size-checked the file already."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.seek(0)
+            upright = ImageOps.exif_transpose(img).convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise VisionError(f"the image could not be decoded: {exc}") from exc
+    return upright.tobytes(), upright.width, upright.height
 
 
 def _n_chunks(chunks: Any) -> int:  # Any: mtmd_input_chunks*
