@@ -110,10 +110,12 @@ class VisionEncoder:
     a busy 2-core machine, ggml's spinning thread barrier turned a 4-25 ms encode of the
     demo mmproj into 0.1-3 s."""
 
-    def __init__(self, mmproj_path: str, model: Any, *, n_threads: int, use_gpu: bool = False):
-        # Any: llama_model*
-        self._path = mmproj_path
-        self.n_embd = int(ll.llama_model_n_embd(model))
+    def __init__(
+        self, mmproj_path: str | Path, model: Any, *, n_threads: int, use_gpu: bool = False
+    ):  # Any: llama_model*
+        self._path = str(mmproj_path)
+        # the width of the model's input embeddings (what libmtmd checks and outputs)
+        self.n_embd = int(ll.llama_model_n_embd_inp(model))
         self._ctx = self._init_context(model, n_threads, use_gpu)
         self.marker: str = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
         self.non_causal = bool(mtmd.mtmd_decode_use_non_causal(self._ctx, None))
