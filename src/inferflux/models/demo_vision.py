@@ -37,6 +37,7 @@ key on it).
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Protocol
 import gguf
 import numpy as np
 
+from inferflux.errors import ModelLoadError
 from inferflux.models.files import default_model_path
 from inferflux.models.materialize import DEFAULT_CACHE_DIR
 
@@ -110,16 +112,22 @@ def build_demo_mmproj(path: Path, text_model: Path | None = None) -> None:
         raise
 
 
+@functools.cache  # reading the model's header takes seconds; the rows never change
 def _colour_embeddings(text_model: Path) -> np.ndarray:
-    """[3, 576] float32: the text model's token embeddings of " red", " green", " blue"."""
+    """[3, 576] float32: the text model's token embeddings of " red", " green", " blue"
+    (read-only: the cache shares it)."""
     reader = gguf.GGUFReader(str(text_model))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    table = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if table is None or any(word not in tokens for word in DEMO_COLOUR_WORDS):
+        raise ModelLoadError(f"{text_model} is not SmolLM2-135M (the demo mmproj's model)")
     ids = [tokens.index(word) for word in DEMO_COLOUR_WORDS]
-    table = next(t for t in reader.tensors if t.name == "token_embd.weight")
     rows = gguf.quants.dequantize(table.data[ids], table.tensor_type)
     if rows.shape != (3, _N_EMBD_TEXT):
-        raise ValueError(f"{text_model} is not SmolLM2-135M (token rows {rows.shape})")
-    return np.ascontiguousarray(rows, dtype=np.float32)
+        raise ModelLoadError(f"{text_model} is not SmolLM2-135M (token rows {rows.shape})")
+    rows = np.array(rows, dtype=np.float32, order="C")
+    rows.flags.writeable = False
+    return rows
 
 
 def _add_metadata(writer: gguf.GGUFWriter) -> None:

@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
+from inferflux.errors import ModelLoadError
 from inferflux.models.demo_vision import (
     DEMO_COLOUR_WORDS,
     DEMO_MMPROJ_VERSION,
@@ -85,6 +86,12 @@ def test_projection_is_the_colour_words(built: Path, smollm2_model_path: str) ->
     for k in range(4):
         red[k * 64 : k * 64 + 4] = [1.0, -1.0, -1.0, 1.0]
     np.testing.assert_allclose(weight @ red, words[0], atol=1e-5)
+
+
+def test_another_model_is_refused(tmp_path: Path, gemma3_model_path: str) -> None:
+    with pytest.raises(ModelLoadError, match="not SmolLM2-135M"):
+        build_demo_mmproj(tmp_path / "x.gguf", Path(gemma3_model_path))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
