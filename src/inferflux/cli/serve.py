@@ -12,13 +12,11 @@ graceful shutdown (SIGTERM or Ctrl-C: drain for `server.shutdown_grace_s`, see
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import shlex
 import socket
 import ssl
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -190,7 +188,7 @@ def _model_overrides(
         return {"model.path": model, "model.mmproj": mmproj, "model.id": model_id}
     try:
         path = str(default_model_path())
-        demo = mmproj if mmproj is not None else str(_demo_mmproj_path()())
+        demo = mmproj if mmproj is not None else str(_demo_mmproj_path())
     except ModelLoadError as exc:
         typer.echo(f"inferflux: {exc.message}", err=True)
         raise typer.Exit(EXIT_MODEL_ERROR) from None
@@ -200,12 +198,12 @@ def _model_overrides(
     return {"model.path": path, "model.mmproj": demo, "model.id": model_id or VISION_DEMO}
 
 
-def _demo_mmproj_path() -> Callable[[], Path]:
-    """`models.demo_vision.demo_mmproj_path`, imported only for `--model vision` (it
-    pulls in gguf and numpy)."""
-    module = importlib.import_module("inferflux.models.demo_vision")
-    build: Callable[[], Path] = module.demo_mmproj_path
-    return build
+def _demo_mmproj_path() -> Path:
+    """The demo mmproj (built on first use); imported only for `--model vision` (it pulls
+    in gguf and numpy)."""
+    from inferflux.models.demo_vision import demo_mmproj_path
+
+    return demo_mmproj_path()
 
 
 def _build_security(settings: Settings) -> SecurityState:
