@@ -260,7 +260,7 @@ class GenerationService:
         self, serving: ServingState, spec: GenerationSpec, context: RequestContext
     ) -> GenerationPlan:
         """`spec` planned over the leased model (planner.py); nothing is submitted."""
-        return await Planner(serving, self._telemetry.tracer).plan(spec)
+        return await Planner(serving, self._telemetry.tracer, self._telemetry.metrics).plan(spec)
 
     async def start(
         self, serving: ServingState, spec: GenerationSpec, context: RequestContext
