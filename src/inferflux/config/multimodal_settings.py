@@ -29,8 +29,8 @@ class MultimodalSettings(BaseModel):
         max_length=256,
         description="Hosts (`images.example.com`) and networks (`10.0.0.0/8`, `::1/128`, "
         "`127.0.0.1`) whose images may be fetched even when the address is private, "
-        "loopback, link-local or otherwise not public, and that a redirect may go to. "
-        "Empty: public addresses only.",
+        "loopback, link-local or otherwise not public, and that a redirect may go to "
+        "(comma-separated in env). Empty: public addresses only.",
     )
     max_image_bytes: int = Field(
         20 * MIB,
@@ -68,6 +68,14 @@ class MultimodalSettings(BaseModel):
         description="Redirects followed per image URL; each must stay on the same host "
         "(or go to one url_allowlist names) and passes the address checks again.",
     )
+
+    @field_validator("url_allowlist", mode="before")
+    @classmethod
+    def _split_env(cls, value: object) -> object:
+        """An env var gives one string: entries separated by commas."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("url_allowlist")
     @classmethod
