@@ -94,6 +94,25 @@ def test_ollama_images_on_chat_and_generate(server_url: str, served_model: str) 
         assert no_mmproj in refused.value.error
 
 
+def test_native_chat_and_anthropic_images(server_url: str, served_model: str) -> None:
+    no_mmproj = f"model '{served_model}' does not take images: it has no mmproj"
+    with httpx.Client(base_url=server_url, timeout=60) as http:
+        turn = {"role": "user", "content": "What is this?", "images": [DATA_URI]}
+        response = http.post("/chat", json={"model": served_model, "messages": [turn]})
+        error = assert_envelope(response, 400, param="messages[0].images[0]")
+        assert error["message"] == no_mmproj
+        source = {"type": "base64", "media_type": "image/png", "data": B64}
+        content = [{"type": "image", "source": source}, {"type": "text", "text": "What?"}]
+        body = {
+            "model": served_model,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}],
+        }
+        response = http.post("/v1/messages", json=body)
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == f"messages[0].content[0].source: {no_mmproj}"
+
+
 def test_raw_bodies_name_the_field(server_url: str, served_model: str) -> None:
     with httpx.Client(base_url=server_url, timeout=60) as http:
         chat = {
