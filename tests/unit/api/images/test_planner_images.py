@@ -207,3 +207,16 @@ async def test_metrics_count_images_taken():
     assert sample("inferflux_multimodal_image_pixels_sum", {"model": "fake-model"}) == 24
     assert sample("inferflux_multimodal_image_bytes_count", {"model": "fake-model"}) == 2
     assert sample("inferflux_multimodal_preprocess_seconds_count", {"model": "fake-model"}) == 2
+
+
+async def test_the_request_record_keeps_image_hashes_never_bytes():
+    from inferflux.api.generation import GenerationService
+    from inferflux.api.telemetry import make_telemetry
+    from inferflux.security.context import RequestContext
+    from inferflux.security.principal import ANONYMOUS
+
+    state = serving()
+    service = GenerationService(make_telemetry(Settings(), lambda: [], state.model_info))
+    context = RequestContext("req-1", started_at=0.0, principal=ANONYMOUS)
+    await service.plan(state, spec(openai_prompt([image_part(), image_part()])), context)
+    assert context.record.image_sha256s == [hashlib.sha256(PNG).hexdigest()]
