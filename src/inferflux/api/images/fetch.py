@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -160,11 +161,15 @@ async def _read_capped(response: httpx.Response, max_bytes: int, param: str) -> 
     return bytes(body)
 
 
-async def _fetch(url: str, settings: MultimodalSettings, param: str) -> bytes:
+async def _fetch(
+    url: str, settings: MultimodalSettings, param: str, verify: ssl.SSLContext | bool
+) -> bytes:
     policy = FetchPolicy(settings)
     first_host = ""
     timeout = httpx.Timeout(settings.fetch_timeout_s)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False, follow_redirects=False) as http:
+    async with httpx.AsyncClient(
+        timeout=timeout, trust_env=False, follow_redirects=False, verify=verify
+    ) as http:
         for _ in range(settings.max_redirects + 1):
             target = await _pin(url, policy, param)
             if first_host and target.host != first_host and not policy.allows_host(target.host):
@@ -197,14 +202,17 @@ async def _fetch(url: str, settings: MultimodalSettings, param: str) -> bytes:
     )
 
 
-async def fetch_image(url: str, settings: MultimodalSettings, param: str) -> bytes:
+async def fetch_image(
+    url: str, settings: MultimodalSettings, param: str, *, verify: ssl.SSLContext | bool = True
+) -> bytes:
     """The body at `url`, fetched under the module's rules within
-    `settings.fetch_timeout_s` in all. Raises InvalidRequest (param `param`) for every
-    refusal and failure: scheme, credentials, address, redirect, size, status, timeout,
-    a connection that fails."""
+    `settings.fetch_timeout_s` in all. `verify`: the TLS trust (True: httpx's default CA
+    bundle; the certificate must name the URL's host). Raises InvalidRequest (param
+    `param`) for every refusal and failure: scheme, credentials, address, redirect, size,
+    status, timeout, a connection or TLS handshake that fails."""
     try:
         with anyio.fail_after(settings.fetch_timeout_s):
-            return await _fetch(url, settings, param)
+            return await _fetch(url, settings, param, verify)
     except TimeoutError:
         raise _refused(
             f"fetching the image URL took longer than {settings.fetch_timeout_s:g} s "

@@ -96,6 +96,9 @@ class ImageServer(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that left early (timeouts, size limits): expected here
+
     def close(self) -> None:
         self.shutdown()
         self.server_close()

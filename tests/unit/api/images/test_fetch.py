@@ -4,9 +4,11 @@ naming the field and saying why, allow-listed fetches work, limits hold."""
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import pytest
+import trustme
 
 from inferflux.api.images import fetch_image
 from inferflux.config.multimodal_settings import MultimodalSettings
@@ -142,3 +144,38 @@ async def test_a_closed_port_fails_cleanly():
         port = sock.getsockname()[1]
     message = await refused(f"http://127.0.0.1:{port}/cat.png", loopback())
     assert "fetching the image URL failed (ConnectError)" in message
+
+
+@pytest.fixture(scope="module")
+def tls_server():
+    """The loopback server behind TLS with a certificate for `localhost` from a test CA."""
+    ca = trustme.CA()
+    server = ImageServer()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    yield server, client_context
+    server.close()
+
+
+async def test_https_is_pinned_to_the_checked_address_and_verifies_the_host(tls_server):
+    """The connection goes to the checked IP, yet TLS SNI and the certificate check use the
+    URL's host name: a certificate for another name fails."""
+    server, trust = tls_server
+    allowed = settings(url_allowlist=["localhost", "127.0.0.1"])
+    url = f"https://localhost:{server.port}/cat.png"
+    assert await fetch_image(url, allowed, PARAM, verify=trust) == server.image
+    # the same server by IP: the certificate names localhost, not 127.0.0.1
+    message = await refused_with(f"https://127.0.0.1:{server.port}/cat.png", allowed, trust)
+    assert "fetching the image URL failed (ConnectError)" in message
+    # an untrusted certificate
+    message = await refused_with(url, allowed, True)
+    assert "fetching the image URL failed" in message
+
+
+async def refused_with(url: str, config: MultimodalSettings, verify) -> str:
+    with pytest.raises(InvalidRequest) as caught:
+        await fetch_image(url, config, PARAM, verify=verify)
+    return caught.value.message
