@@ -98,7 +98,7 @@ async def resolve_images(
         images.append(await resolve_image(ref, settings))
         timings.append(time.perf_counter() - started)
     if images:
-        logger.info("request images: %s", ", ".join(f"sha256:{image.sha256}" for image in images))
+        logger.debug("request images: %s", ", ".join(f"sha256:{image.sha256}" for image in images))
     if metrics is not None and images:
         metrics.multimodal_requests.labels(metrics.model).inc()
         for image, preprocess_s in zip(images, timings, strict=True):
