@@ -123,6 +123,10 @@ async def _pin(url: str, policy: FetchPolicy, param: str) -> _Target:
     host = parts.hostname or ""
     if not host:
         raise _refused("the image URL has no host", param)
+    try:
+        host = host.encode("idna").decode("ascii")  # a Host header and SNI are ASCII
+    except UnicodeError:
+        raise _refused("the image URL's host is not a valid host name", param) from None
     if parts.username is not None or parts.password is not None:
         raise _refused("the image URL must not carry credentials (user:password@)", param)
     addresses = await _resolve(host, port, param)
@@ -225,5 +229,5 @@ async def fetch_image(
             "(multimodal.fetch_timeout_s)",
             param,
         ) from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _refused(f"fetching the image URL failed ({type(exc).__name__})", param) from None

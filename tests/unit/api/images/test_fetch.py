@@ -72,6 +72,29 @@ async def test_only_http_and_https(url):
     assert "image URLs must be http or https" in await refused(url, settings())
 
 
+async def test_international_and_invalid_host_names():
+    message = await refused("http://bücher.invalid/cat.png", settings())
+    assert "host 'xn--bcher-kva.invalid' does not resolve" in message
+    message = await refused(f"http://{'a' * 70}.com/cat.png", settings())
+    assert "not a valid host name" in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1",
+        "http://127.0.0.1:99999/",
+        "http://exa mple.com/",
+        "http:///path",
+        "http://127.0.0.1:{port}/\x00",
+        "http://127.0.0.1:{port}/ü ?q=\r\nX: y",
+        "https://",
+    ],
+)
+async def test_odd_urls_are_400s_never_crashes(server, url):
+    await refused(url.replace("{port}", str(server.port)), loopback())
+
+
 async def test_credentials_in_the_url_are_refused(server):
     message = await refused(f"http://user:pw@127.0.0.1:{server.port}/cat.png", loopback())
     assert "credentials" in message
