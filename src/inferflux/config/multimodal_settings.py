@@ -37,7 +37,8 @@ class MultimodalSettings(BaseModel):
         ge=1024,
         le=512 * MIB,
         description="Largest image file taken (bytes, after base64 decoding); a fetch stops "
-        "reading past it. Larger: 400.",
+        "reading past it. Larger: 400. Inline images also count toward "
+        "server.max_request_bytes (base64 is 4/3 of the file): raise that too.",
     )
     max_pixels: int = Field(
         33_177_600,

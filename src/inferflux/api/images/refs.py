@@ -65,6 +65,10 @@ class ImageSet:
 def decode_base64(text: str) -> bytes:
     """Standard base64 (whitespace ignored, padding required). Raises ImageRefError."""
     try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        pass  # line breaks (MIME-style wrapping)? strip whitespace only then: it costs a copy
+    try:
         return base64.b64decode(_WHITESPACE.sub("", text), validate=True)
     except (binascii.Error, ValueError):
         raise ImageRefError("the image is not valid base64") from None
