@@ -4,13 +4,14 @@ Owns the API side's rules, in this order, so the cheapest refusal comes first: a
 `max_images_per_request` images; a URL only when `multimodal.allow_urls` is on; a model
 that takes images (it has an mmproj); then per image the URL fetch (fetch.py), the size
 limit, the format sniffed from the bytes and the header probe (`engine.images`: pixels
-checked before anything is decoded). Records the multimodal metrics and logs each
-image's SHA-256 (never its bytes). Every refusal is an InvalidRequest (400) naming the
-request field. Decoding pixels and encoding them is the worker's.
+checked before anything is decoded); a request's URLs are fetched concurrently. Records
+the multimodal metrics and logs each image's SHA-256 (never its bytes). Every refusal is
+an InvalidRequest (400) naming the request field. Decoding pixels and encoding them is the worker's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -81,6 +82,29 @@ async def resolve_image(ref: ImageRef, settings: MultimodalSettings) -> Resolved
     return ResolvedImage(hashlib.sha256(data).hexdigest(), data, probe)
 
 
+async def _timed(ref: ImageRef, settings: MultimodalSettings) -> tuple[ResolvedImage, float]:
+    started = time.perf_counter()
+    image = await resolve_image(ref, settings)
+    return image, time.perf_counter() - started
+
+
+async def _resolve_all(
+    refs: Sequence[ImageRef], settings: MultimodalSettings
+) -> list[tuple[ResolvedImage, float]]:
+    """Every image with its preprocessing time. URLs are fetched concurrently (a request's
+    fetches together take about one `fetch_timeout_s` at most, not one per URL); the
+    first refusal cancels the other fetches."""
+    if not any(ref.url is not None for ref in refs):
+        return [await _timed(ref, settings) for ref in refs]
+    tasks = [asyncio.ensure_future(_timed(ref, settings)) for ref in refs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def resolve_images(
     refs: Sequence[ImageRef],
     settings: MultimodalSettings,
@@ -91,12 +115,9 @@ async def resolve_images(
     InvalidRequest for the first refusal; counts the images and the request in
     `metrics` only when all of them are taken."""
     check_image_refs(refs, settings, model_info)
-    images: list[ResolvedImage] = []
-    timings: list[float] = []
-    for ref in refs:
-        started = time.perf_counter()
-        images.append(await resolve_image(ref, settings))
-        timings.append(time.perf_counter() - started)
+    timed = await _resolve_all(refs, settings)
+    images = [image for image, _ in timed]
+    timings = [preprocess_s for _, preprocess_s in timed]
     if images:
         logger.debug("request images: %s", ", ".join(f"sha256:{image.sha256}" for image in images))
     if metrics is not None and images:

@@ -3,6 +3,7 @@ naming the field and saying why, allow-listed fetches work, limits hold."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import ssl
 import time
@@ -10,9 +11,10 @@ import time
 import pytest
 import trustme
 
-from inferflux.api.images import fetch_image
+from inferflux.api.images import ImageRef, fetch_image, resolve_images
 from inferflux.config.multimodal_settings import MultimodalSettings
 from inferflux.errors import InvalidRequest
+from tests.fakes.engine import fake_model_info
 
 from .loopback_server import ImageServer
 
@@ -202,3 +204,16 @@ async def refused_with(url: str, config: MultimodalSettings, verify) -> str:
     with pytest.raises(InvalidRequest) as caught:
         await fetch_image(url, config, PARAM, verify=verify)
     return caught.value.message
+
+
+async def test_a_request_fetches_its_urls_together(server):
+    """Three slow URLs under a 1 s limit: refused after about one limit, not three."""
+    info = dataclasses.replace(fake_model_info(), mmproj="/m/mmproj.gguf")
+    refs = [ImageRef(f"images[{i}]", url=f"{server.url}/slow") for i in range(3)]
+    started = time.monotonic()
+    with pytest.raises(InvalidRequest, match="took longer than 1 s"):
+        await resolve_images(refs, loopback(fetch_timeout_s=1.0), info)
+    assert time.monotonic() - started < 2.5
+    refs = [ImageRef(f"images[{i}]", url=f"{server.url}/cat.png") for i in range(3)]
+    images = await resolve_images(refs, loopback(), info)
+    assert [image.data for image in images] == [server.image] * 3
