@@ -113,6 +113,23 @@ def test_native_chat_and_anthropic_images(server_url: str, served_model: str) ->
         assert response.json()["error"]["message"] == f"messages[0].content[0].source: {no_mmproj}"
 
 
+def test_responses_input_image(client: OpenAI, served_model: str) -> None:
+    content = [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "image_url": DATA_URI, "detail": "auto"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=served_model,
+            input=[{"role": "user", "content": content}],  # type: ignore[list-item]
+            max_output_tokens=16,
+        )
+    assert refused.value.param == "input[0].content[1].image_url"
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["message"] == f"model '{served_model}' does not take images: it has no mmproj"
+
+
 def test_raw_bodies_name_the_field(server_url: str, served_model: str) -> None:
     with httpx.Client(base_url=server_url, timeout=60) as http:
         chat = {

@@ -220,3 +220,26 @@ async def test_the_request_record_keeps_image_hashes_never_bytes():
     context = RequestContext("req-1", started_at=0.0, principal=ANONYMOUS)
     await service.plan(state, spec(openai_prompt([image_part(), image_part()])), context)
     assert context.record.image_sha256s == [hashlib.sha256(PNG).hexdigest()]
+
+
+async def test_responses_input_image_parts():
+    from inferflux.api.responses.protocol import ResponsesRequest, template_messages
+
+    part = {"type": "input_image", "image_url": DATA_URI, "detail": "high"}
+    text = {"type": "input_text", "text": "What?"}
+    body = ResponsesRequest.model_validate(
+        {"model": "m", "input": [{"role": "user", "content": [part, text]}]}
+    )
+    images = ImageSet()
+    messages = template_messages(None, body.checked_input(), images)
+    assert messages == [{"role": "user", "content": f"{images.marker}What?"}]
+    request = (await plan(ChatPrompt(messages, images=images))).choices[0].request
+    assert request.images[0].sha256 == hashlib.sha256(PNG).hexdigest()
+    file_part = {"type": "input_image", "file_id": "file-1"}
+    body = ResponsesRequest.model_validate(
+        {"model": "m", "input": [{"role": "user", "content": [file_part]}]}
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        template_messages(None, body.checked_input(), ImageSet())
+    assert caught.value.param == "input[0].content[0].image_url"
+    assert "file_id is not supported" in caught.value.message
