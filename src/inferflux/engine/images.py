@@ -12,8 +12,10 @@ Does not own fetching images nor encoding them for a model.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps
@@ -88,9 +90,9 @@ def _open(data: bytes, max_pixels: int) -> tuple[Image.Image, ImageProbe]:
         raise ImageError("the data is not a PNG, JPEG, WebP or GIF image")
     try:
         # NOTE: Pillow's own bomb check warns or raises at its global MAX_IMAGE_PIXELS;
-        # ours (max_pixels, below) is the one that decides, so silence its warning.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        # ours (max_pixels, below) is the one that decides, so its warning is silenced
+        # (with the others a hostile file may cause: `_quiet`).
+        with _quiet():
             image = Image.open(io.BytesIO(data), formats=[fmt])
     except Image.DecompressionBombError:
         raise ImageError(
@@ -110,6 +112,17 @@ def _open(data: bytes, max_pixels: int) -> tuple[Image.Image, ImageProbe]:
     return image, probe
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No warnings from Pillow about the file (corrupt EXIF, its own bomb limit): they are
+    about hostile input, which is refused or decoded as far as it goes, never news for
+    the log. NOTE: `catch_warnings` swaps process-wide filters; a race between threads
+    can only mix up which warnings show, never the decoding."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def probe_image(data: bytes, *, max_pixels: int) -> ImageProbe:
     """Format and size from the header only (no pixel is decoded). Raises ImageError
     (module docstring). A file whose header is fine may still fail `decode_image`."""
@@ -124,7 +137,7 @@ def decode_image(data: bytes, *, max_pixels: int) -> DecodedImage:
     file, or more than `max_pixels` pixels (checked before decoding)."""
     image, probe = _open(data, max_pixels)
     try:
-        with image:
+        with image, _quiet():
             image.seek(0)  # the first frame of a GIF or animated WebP
             image.load()
             frame = ImageOps.exif_transpose(image) or image

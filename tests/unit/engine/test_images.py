@@ -4,7 +4,9 @@ corrupt and truncated files."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import random
 import struct
 import zlib
 
@@ -118,3 +120,25 @@ def test_any_mode_becomes_rgb(mode):
     assert len(decoded.rgb) == 5 * 5 * 3
     if mode in ("RGBA", "LA"):  # fully transparent → the white background
         assert decoded.rgb[:3] == b"\xff\xff\xff"
+
+
+def test_mutated_files_only_ever_raise_image_error():
+    """A small fuzz: bytes flipped and files cut in every format give an image or an
+    ImageError, never another exception."""
+    rng = random.Random(7)
+    image = Image.effect_noise((32, 24), 40).convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    files = [encode(image, fmt) for fmt in ("PNG", "WEBP", "GIF")]
+    files.append(encode(image, "JPEG", exif=exif))
+    for _ in range(1500):
+        data = bytearray(rng.choice(files))
+        for _ in range(rng.randint(1, 6)):
+            position = rng.randrange(len(data))
+            if rng.random() < 0.3 and position > 16:
+                del data[position:]
+            else:
+                data[position] = rng.randrange(256)
+        for call in (probe_image, decode_image):
+            with contextlib.suppress(ImageError):
+                call(bytes(data), max_pixels=10_000_000)
