@@ -1,10 +1,13 @@
 """How models are described: the GGUF facts every listing shows, and OpenAI model cards.
 
 Owns: `model_facts` (architecture, parameter count, quantization, context length, chat
-template, MoE experts) from a loaded model's `ModelInfo` or from the GGUF header of a
-registered file that is not loaded (`registered_metadata`: parsed once per file version,
-off the event loop, never by llama.cpp), and `model_card`, OpenAI's model object with
-those facts under `meta`. Does not own: the routes (openai/models.py, ollama/models.py).
+template, MoE experts, `capabilities`: `vision` for a model with an mmproj) from a loaded
+model's `ModelInfo` or from the GGUF header of a registered file that is not loaded
+(`registered_metadata`: parsed once per file version, off the event loop, never by
+llama.cpp), and `model_card`, OpenAI's model object with those facts under `meta` and, as
+llama-server's router and OpenRouter do, `architecture` (`input_modalities` ["text",
+"image"] for a vision model, `output_modalities` ["text"]). Does not own: the routes
+(openai/models.py, ollama/models.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,21 @@ def human_number(count: int) -> str:
     return str(count)
 
 
+def capabilities(vision: bool) -> list[str]:
+    """What a model does, as Ollama's `/api/show` and our `meta.capabilities` say it:
+    `completion`, plus `vision` when it takes images (it has an mmproj)."""
+    return ["completion", "vision"] if vision else ["completion"]
+
+
+def input_modalities(vision: bool) -> dict[str, list[str]]:
+    """OpenRouter's and llama-server's `architecture` of a model object: what goes in and
+    out (`image` in when the model has an mmproj)."""
+    return {
+        "input_modalities": ["text", "image"] if vision else ["text"],
+        "output_modalities": ["text"],
+    }
+
+
 def model_facts(info: ModelInfo) -> dict[str, object]:
     """The GGUF facts of a loaded model."""
     return {
@@ -48,6 +66,7 @@ def model_facts(info: ModelInfo) -> dict[str, object]:
         "is_moe": info.is_moe,
         "n_experts": info.n_experts,
         "n_active_experts": info.n_active_experts,
+        "capabilities": capabilities(info.vision),
     }
 
 
@@ -99,6 +118,7 @@ def model_card(info: ModelInfo, view: ModelView | None = None) -> dict[str, obje
         "object": "model",
         "created": info.created,
         "owned_by": "inferflux",
+        "architecture": input_modalities(info.vision),
         "meta": meta,
     }
 
@@ -112,9 +132,11 @@ async def registered_card(view: ModelView) -> dict[str, object]:
     with contextlib.suppress(OSError):
         created = int(os.stat(view.path).st_mtime)
     meta: dict[str, object] = metadata_facts(meta_data) if meta_data is not None else {}
-    meta.update(aliases=list(view.aliases), loaded=False, default=view.is_default)
+    meta.update(aliases=list(view.aliases), loaded=False, default=view.is_default,
+                capabilities=capabilities(view.vision))  # fmt: skip
     return {"id": view.model_id, "object": "model", "created": created,
-            "owned_by": "inferflux", "meta": meta}  # fmt: skip
+            "owned_by": "inferflux", "architecture": input_modalities(view.vision),
+            "meta": meta}  # fmt: skip
 
 
 def find_view(views: list[ModelView], name: str) -> ModelView | None:
@@ -150,6 +172,7 @@ def provisional_info(view: ModelView, meta: GgufMetadata) -> ModelInfo:
         quantization=meta.quantization_name,
         n_experts=meta.n_experts,
         n_active_experts=meta.n_active_experts,
+        mmproj=view.mmproj,
     )
 
 

@@ -12,11 +12,13 @@ graceful shutdown (SIGTERM or Ctrl-C: drain for `server.shutdown_grace_s`, see
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import shlex
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -39,13 +41,15 @@ from inferflux.engine import make_engine_client
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ConfigError, ModelLoadError
 from inferflux.models.catalog import catalog_from_settings
-from inferflux.models.files import load_model
+from inferflux.models.files import default_model_path, load_model
 from inferflux.models.spec import model_settings
 from inferflux.observability.logging import configure_logging
 from inferflux.security.api_keys import KeyDigester
 
 EXIT_CONFIG_ERROR = 2
 EXIT_MODEL_ERROR = 1
+# `--model vision`: the default model with the demo mmproj, under this id
+VISION_DEMO = "vision"
 UVICORN_SHUTDOWN_S = 1
 # TLS 1.2 suites: forward secret AEAD only (TLS 1.3 suites are always AEAD).
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!MD5:!DSS"
@@ -86,17 +90,26 @@ _ROUTING_HELP = (
 )
 
 
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="GGUF file to serve, or a URL: hf://ORG/REPO/FILE.gguf@REV, https://… "
+        "(model.path). Default: SmolLM2-135M. `vision`: SmolLM2-135M with the demo "
+        "mmproj (images in), served as the model `vision`."
+    ),
+]
+MmprojOption = Annotated[
+    str | None,
+    typer.Option(help="Multimodal projector GGUF served beside the model (model.mmproj)."),
+]
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (server.port).")] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="GGUF file to serve, or a URL: hf://ORG/REPO/FILE.gguf@REV, https://… "
-            "(model.path). Default: SmolLM2-135M."
-        ),
-    ] = None,
+    model: ModelOption = None,
+    mmproj: MmprojOption = None,
     model_id: Annotated[
         str | None, typer.Option(help="Model id clients send as `model` (model.id).")
     ] = None,
@@ -138,8 +151,7 @@ def serve(
         "server.port": port,
         "server.ollama_port": ollama_port,
         "server.grpc_port": grpc_port,
-        "model.path": model,
-        "model.id": model_id,
+        **_model_overrides(model, mmproj, model_id),
         "registry.path": registry,
         "runtime.workers": workers,
         "runtime.in_process": True if in_process else None,
@@ -166,6 +178,34 @@ def serve(
             settings.server.port,
         )
     _run(asgi_app, settings)
+
+
+def _model_overrides(
+    model: str | None, mmproj: str | None, model_id: str | None
+) -> dict[str, str | None]:
+    """The `model` section's flags. `--model vision` (unless a file of that name exists)
+    serves the default SmolLM2 with the demo mmproj (`models/demo_vision.py`, built on
+    first use) as the model `vision`; `--mmproj` and `--model-id` still override."""
+    if model != VISION_DEMO or Path(model).is_file():
+        return {"model.path": model, "model.mmproj": mmproj, "model.id": model_id}
+    try:
+        path = str(default_model_path())
+        demo = mmproj if mmproj is not None else str(_demo_mmproj_path()())
+    except ModelLoadError as exc:
+        typer.echo(f"inferflux: {exc.message}", err=True)
+        raise typer.Exit(EXIT_MODEL_ERROR) from None
+    except OSError as exc:
+        typer.echo(f"inferflux: cannot build the demo mmproj: {exc}", err=True)
+        raise typer.Exit(EXIT_MODEL_ERROR) from None
+    return {"model.path": path, "model.mmproj": demo, "model.id": model_id or VISION_DEMO}
+
+
+def _demo_mmproj_path() -> Callable[[], Path]:
+    """`models.demo_vision.demo_mmproj_path`, imported only for `--model vision` (it
+    pulls in gguf and numpy)."""
+    module = importlib.import_module("inferflux.models.demo_vision")
+    build: Callable[[], Path] = module.demo_mmproj_path
+    return build
 
 
 def _build_security(settings: Settings) -> SecurityState:

@@ -1,9 +1,10 @@
 """The model manifest (`registry.path`): its schema, reading it, and the bytes a signature covers.
 
 Owns: `ManifestEntry` (one model: id, aliases, GGUF path, SHA-256, optional ed25519
-signature, default flag, per-model settings), `Manifest` (the list, with its invariants:
-unique ids and names, at most one default), `read_manifest` and `canonical_entry`. Does
-not own: resolving paths, hashing files or checking signatures (engine/model_verify.py).
+signature, default flag, per-model settings, an optional mmproj: the multimodal projector
+GGUF, with its SHA-256), `Manifest` (the list, with its invariants: unique ids and names,
+at most one default), `read_manifest` and `canonical_entry`. Does not own: resolving
+paths, hashing files or checking signatures (engine/model_verify.py).
 
 The manifest is YAML: a list of entries (what `inferctl pull` writes to
 `DIR/models.yaml`), or a mapping whose `models:` holds that list:
@@ -20,13 +21,16 @@ The manifest is YAML: a list of entries (what `inferctl pull` writes to
         threads: 2
         system: You are a terse assistant.       # Ollama: the model's system prompt
         parameters: {temperature: 0.2, stop: ["###"]}  # Ollama: default options
+        mmproj: mmproj-model-f16.gguf            # optional: a projector GGUF (images in),
+        mmproj_sha256: 9a0b...                   #   a path or a URL like `path`
         signature: 3q2+...                       # optional: ed25519, base64
       - id: tiny
         path: hf://acme/tiny-GGUF/tiny.f16.gguf@main  # a URL: downloaded once (models/download.py)
         quantization: Q8_0                       # optional: quantized once (models/quantize.py)
 
 `path` may be a URL: `hf://org/repo/file.gguf@revision` (the Hugging Face Hub; `sha256`
-optional, the hub's LFS hash is checked) or `https://…` / `http://…` (`sha256` required).
+optional, the hub's LFS hash is checked) or `https://…` / `http://…` (`sha256` required);
+so may `mmproj` (with `mmproj_sha256`).
 
 A signature covers `canonical_entry(entry)`: the entry as written, without `signature`,
 as JSON with sorted keys and no spaces (UTF-8). docs/models.md shows how to sign one.
@@ -73,6 +77,17 @@ def check_hf_url(url: str, where: str) -> None:
             f"{where} {url!r}: expected hf://ORG/REPO/FILE.gguf[@REVISION] (no empty, . or .. "
             "parts)"
         )
+
+
+def check_mmproj(mmproj: str | None, mmproj_sha256: str | None, where: str) -> None:
+    """An mmproj URL is checked as a model URL (`check_model_url`), and its SHA-256 needs
+    the file it checks. Raises ValueError naming `where` otherwise."""
+    if mmproj is None and mmproj_sha256 is not None:
+        raise ValueError(
+            f"{where}_sha256 is set but {where} is not: set {where} (the projector GGUF) "
+            f"or remove {where}_sha256"
+        )
+    check_model_url(mmproj, mmproj_sha256, where)
 
 
 def check_model_url(path: str | None, sha256: str | None, where: str) -> None:
@@ -167,6 +182,32 @@ class ManifestEntry(BaseModel):
     parameters: ModelParameters | None = Field(
         None, description="Ollama: default options for what a request leaves unset."
     )
+    mmproj: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Multimodal projector GGUF (images in), in models_dir or a URL like "
+        "`path`; unset: text only.",
+    )
+    mmproj_sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 of the mmproj file (hex). Required, except for an hf:// URL.",
+    )
+
+    @model_validator(mode="after")
+    def _check_mmproj(self) -> Self:
+        check_mmproj(self.mmproj, self.mmproj_sha256, "mmproj")
+        mmproj = self.mmproj
+        if (
+            mmproj is not None
+            and self.mmproj_sha256 is None
+            and not mmproj.startswith(HF_URL_SCHEME)
+        ):
+            raise ValueError(
+                "mmproj_sha256 is required (64 hex digits) with mmproj, except for an hf:// URL"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_aliases(self) -> Self:

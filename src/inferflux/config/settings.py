@@ -21,7 +21,7 @@ from inferflux.config.kv_settings import (
     NvmeOffloadSettings,
     PagedKvSettings,
 )
-from inferflux.config.manifest import QuantizationLevel, check_model_url
+from inferflux.config.manifest import QuantizationLevel, check_mmproj, check_model_url
 from inferflux.config.multimodal_settings import MultimodalSettings
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
@@ -158,9 +158,24 @@ class ModelSettings(_Section):
         "downloads, and serve the result. Only F32/F16/BF16/Q8_0 files are quantized down.",
     )
 
+    mmproj: str | None = Field(
+        None,
+        description="Multimodal projector GGUF (an mmproj file: images in) served beside "
+        "model.path: a path, or a URL downloaded once like model.path (hf://…, or https://… "
+        "with model.mmproj_sha256). Set: the model takes images (OpenAI image_url parts, "
+        "Ollama images) and listings say `vision`. Unset: text only.",
+    )
+    mmproj_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Expected SHA-256 of model.mmproj (64 hex digits). Set: the file is "
+        "hashed before libmtmd reads it and a mismatch refuses to start.",
+    )
+
     @model_validator(mode="after")
     def _url_needs_sha256(self) -> Self:
         check_model_url(self.path, self.sha256, "model.path")
+        check_mmproj(self.mmproj, self.mmproj_sha256, "model.mmproj")
         return self
 
 

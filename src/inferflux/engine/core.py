@@ -19,12 +19,14 @@ import msgspec
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
+from inferflux.engine.image_prep import ImagePreparer, PreparedPrompt
 from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
     FairnessStats,
     FinishReason,
+    ImageStats,
     KvTierStats,
     PrefixCacheStats,
     Priority,
@@ -37,7 +39,13 @@ from inferflux.engine.messages import (
 from inferflux.engine.spec_verify import merge_deltas, verify_draft
 from inferflux.engine.speculative import NgramProposer
 from inferflux.engine.step_recorder import StepRecorder
-from inferflux.errors import ConstraintFailed, EngineError, KvCacheFull
+from inferflux.errors import (
+    ConstraintFailed,
+    ContextLengthExceeded,
+    EngineError,
+    InvalidRequest,
+    KvCacheFull,
+)
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
 from inferflux.scheduler.request import KvFree, KvOp, KvRestore, PriorityClass
 
@@ -53,6 +61,8 @@ _CACHEABLE = frozenset(
 
 # how long a step with nothing but held-back requests waits for them to become ready
 _DEFERRED_WAIT_S = 0.05
+_TOO_LONG = "prompt plus max_tokens exceeds the KV cache of this worker"
+_NO_IMAGES = "this model does not take images: it has no mmproj"
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +106,13 @@ class EngineCore:
         speculator: NgramProposer | None = None,
         *,
         kv_offload: KvOffload | None = None,
+        images: ImagePreparer | None = None,
     ) -> None:
         """`speculator`: speculative decoding (None = off); it becomes the scheduler's
-        draft proposer. `kv_offload`: the prefix cache's host/disk tiers (kv_offload.py)."""
+        draft proposer. `kv_offload`: the prefix cache's host/disk tiers (kv_offload.py).
+        `images`: a model with an mmproj (image_prep.py); None = text only."""
         self.backend = backend
+        self.images = images
         self.scheduler = scheduler
         self.kv_offload = kv_offload
         self.speculator = speculator
@@ -113,41 +126,57 @@ class EngineCore:
         self.memory = MemoryWatch()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._deferred)
+        return self.scheduler.has_work() or bool(self._deferred) or self._preparing()
+
+    def _preparing(self) -> bool:
+        return self.images is not None and len(self.images) > 0
 
     def request_ids(self) -> list[str]:
         """Ids of every request not finished yet (waiting or running)."""
-        return list(self._states) + [m.request_id for m in self._deferred]
+        preparing = self.images.request_ids() if self.images is not None else []
+        return list(self._states) + [m.request_id for m in self._deferred] + preparing
 
-    def add_request(self, message: AddRequest) -> list[RequestDelta]:
+    def add_request(
+        self, message: AddRequest, prepared: PreparedPrompt | None = None
+    ) -> list[RequestDelta]:
         """Queue a request. Returns an error delta (and queues nothing) if it can never run.
         A constrained request waits aside while the backend prepares constraints (the
-        first one of a worker's life: `ModelBackend.constraints_ready`)."""
+        first one of a worker's life: `ModelBackend.constraints_ready`); one with images
+        while its images are encoded (`prepared`: then done)."""
+        if message.images and prepared is None:
+            return self._prepare_images(message)
         if message.sampling.constraint is not None and not self.backend.constraints_ready():
             self._deferred.append(message)
             return []
         request = Request(
             request_id=RequestId(message.request_id),
-            prompt_token_ids=message.prompt_token_ids,
+            prompt_token_ids=prepared.token_ids if prepared else message.prompt_token_ids,
             max_tokens=message.sampling.max_tokens,
             priority=_PRIORITY_CLASS[message.priority],
             cache_namespace=message.cache_namespace,
             # Prompt logprobs need every prompt position computed.
             use_prefix_cache=message.sampling.prompt_logprobs is None,
+            image_spans=prepared.image_spans if prepared else (),
         )
         problem = self._reject_reason(request)
         if problem is not None:
-            return [_error_delta(message.request_id, problem, request.num_prompt_tokens)]
+            self._unpin(message.request_id)
+            # with images, only the worker knows the prompt's length: the client's error
+            code = ContextLengthExceeded.code if prepared and problem == _TOO_LONG else None
+            return [_error_delta(message.request_id, problem, request.num_prompt_tokens, code)]
         try:
             sampler = self.backend.make_sampler(sampler_spec(message.sampling))
         except ValueError as exc:
+            self._unpin(message.request_id)
             return [_error_delta(message.request_id, str(exc), 0)]
         except Exception:  # NOTE: one request's failure must not take the worker down
             logger.exception("could not build the sampler of %s", message.request_id)
+            self._unpin(message.request_id)
             return [_error_delta(message.request_id, "invalid sampling parameters", 0)]
         self.scheduler.add(request)
-        if self.speculator is not None:
-            self.speculator.register(request, enabled=message.sampling.speculative)
+        if self.speculator is not None:  # n-grams over pseudo tokens would draft them
+            enabled = message.sampling.speculative and not message.images
+            self.speculator.register(request, enabled=enabled)
         self._states[request.request_id] = _SequenceState(
             sampling=message.sampling,
             sampler=sampler,
@@ -165,8 +194,34 @@ class EngineCore:
         if request.max_tokens < 1:
             return "max_tokens must be at least 1"
         if not self.scheduler.can_ever_fit(request):
-            return "prompt plus max_tokens exceeds the KV cache of this worker"
+            return _TOO_LONG
         return None
+
+    def _prepare_images(self, message: AddRequest) -> list[RequestDelta]:
+        if self.images is None:
+            return [_error_delta(message.request_id, _NO_IMAGES, 0, InvalidRequest.code)]
+        if message.sampling.prompt_logprobs is not None:
+            problem = "prompt_logprobs cannot be used with images"
+            return [_error_delta(message.request_id, problem, 0, InvalidRequest.code)]
+        self.images.submit(message)
+        return []
+
+    def _admit_prepared(self) -> list[RequestDelta]:
+        """Requests whose images are encoded join the queue (or fail: a 400)."""
+        if self.images is None or not len(self.images):
+            return []
+        busy = self.scheduler.has_work() or bool(self._deferred)
+        deltas: list[RequestDelta] = []
+        for message, prepared in self.images.done(0.0 if busy else _DEFERRED_WAIT_S):
+            if isinstance(prepared, str):
+                deltas.append(_error_delta(message.request_id, prepared, 0, InvalidRequest.code))
+            else:
+                deltas.extend(self.add_request(message, prepared))
+        return deltas
+
+    def _unpin(self, request_id: str) -> None:
+        if self.images is not None:
+            self.images.rows.unpin(request_id)
 
     def _admit_deferred(self) -> list[RequestDelta]:
         if not self._deferred:
@@ -181,6 +236,8 @@ class EngineCore:
         """Finish these requests now (ABORT) and free their KV. Unknown ids are ignored."""
         aborted = set(request_ids)
         deltas = [_aborted_delta(m) for m in self._deferred if m.request_id in aborted]
+        if self.images is not None:
+            deltas.extend(_aborted_delta(m) for m in self.images.drop(aborted))
         self._deferred = [m for m in self._deferred if m.request_id not in aborted]
         for request_id in request_ids:
             request = self.scheduler.get(RequestId(request_id))
@@ -194,6 +251,7 @@ class EngineCore:
         started_at = time.monotonic()
         self._watch_memory(started_at)
         deltas = self._admit_deferred()
+        deltas.extend(self._admit_prepared())
         output = self.scheduler.schedule()
         deltas.extend(self._timed_out(r) for r in output.timed_out)
         recompute = self._apply_kv_ops(output.kv_ops)
@@ -308,8 +366,8 @@ class EngineCore:
 
     def wait_s(self) -> float:
         """How long the worker may sleep before `step()` has work (0 = run now)."""
-        if self._deferred:
-            return 0.0  # step() waits for the backend (briefly, so inputs are still read)
+        if self._deferred or self._preparing():
+            return 0.0  # step() waits for them (briefly, so inputs are still read)
         return self.scheduler.idle_wait_s()
 
     def _n_logits(self, chunk: ScheduledChunk) -> int:
@@ -474,6 +532,7 @@ class EngineCore:
         _, ops = self.scheduler.finish(request.request_id, cache=reason in _CACHEABLE)
         self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)
+        self._unpin(request.request_id)
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             text += state.stop.push(state.detokenizer.flush())[0] + state.stop.flush()
         state.sampler.close()
@@ -508,6 +567,7 @@ class EngineCore:
             prefix_cache=_prefix_stats(self.scheduler),
             kv_tiers=_tier_stats(self.kv_offload),
             speculative=_spec_stats(self.speculator),
+            images=_image_stats(self.images),
         )
 
     def close(self) -> None:
@@ -517,7 +577,20 @@ class EngineCore:
             self.kv_offload.close(self.scheduler.prefix_cache)  # the final snapshot
         if self.speculator is not None:
             self.speculator.close()
+        if self.images is not None:
+            self.images.close()  # before the model its encoder points into
         self.backend.close()
+
+
+def _image_stats(images: ImagePreparer | None) -> ImageStats | None:
+    if images is None:
+        return None
+    return ImageStats(
+        num_images_total=images.num_images,
+        encode_seconds_total=images.encode_s,
+        num_preparing=len(images),
+        rows_bytes=images.rows.nbytes,
+    )
 
 
 def _fairness_stats(scheduler: Scheduler) -> FairnessStats:
@@ -595,10 +668,13 @@ def _aborted_delta(message: AddRequest) -> RequestDelta:
     )
 
 
-def _error_delta(request_id: str, message: str, num_prompt_tokens: int) -> RequestDelta:
+def _error_delta(
+    request_id: str, message: str, num_prompt_tokens: int, code: str | None = None
+) -> RequestDelta:
     return RequestDelta(
         request_id=request_id,
         finish_reason=FinishReason.ERROR,
         error=message,
+        error_code=code,
         num_prompt_tokens=num_prompt_tokens,
     )

@@ -256,6 +256,15 @@ class SpeculativeStats(msgspec.Struct, kw_only=True):
     accepted_tokens: int = 0  # drafted tokens accepted: "tokens reused"
 
 
+class ImageStats(msgspec.Struct, kw_only=True):
+    """Images of a worker whose model has an mmproj (engine/image_prep.py)."""
+
+    num_images_total: int = 0  # images of the requests prepared (an image reused counts)
+    encode_seconds_total: float = 0.0  # decoding files + running the vision tower (not reused)
+    num_preparing: int = 0  # requests whose images are being encoded now
+    rows_bytes: int = 0  # embedding rows kept (pinned by live requests, or reusable)
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """A worker's state after its latest step (or when idle)."""
 
@@ -275,6 +284,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prefix_cache: PrefixCacheStats | None = None  # None when the prefix cache is off
     kv_tiers: KvTierStats | None = None  # None without host/disk tiers (kv_offload.py)
     speculative: SpeculativeStats | None = None  # None when speculative decoding is off
+    images: ImageStats | None = None  # None for a text-only model
 
 
 class Admission(msgspec.Struct, array_like=True):

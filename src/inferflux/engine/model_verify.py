@@ -2,8 +2,9 @@
 
 Owns: resolving a registry path inside the models folder (`resolve_in_folder`: a path
 that escapes it, through `..` or a symlink, is refused), the streamed SHA-256 check
-(`verified_file`: constant memory, 1 MiB at a time) and ed25519 signatures over a
-manifest entry (`SignatureVerifier`).
+(`verified_file`: constant memory, 1 MiB at a time; `verify_mmproj` for a multimodal
+projector, which also checks its header) and ed25519 signatures over a manifest entry
+(`SignatureVerifier`).
 
 Every process that hands a model file to llama.cpp verifies it first: the API process
 before its vocab-only load, each worker before its full load (so a file replaced on disk
@@ -35,6 +36,7 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.errors import (
     ConfigError,
     ModelFileNotFound,
@@ -47,21 +49,26 @@ logger = logging.getLogger(__name__)
 _CHUNK_BYTES = 1 << 20
 # open() errors that mean "no such file here" (a 404), not "the server cannot read it"
 _NOT_FOUND = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP})
+# An mmproj's GGUF header (llama.cpp tools/mtmd/clip-impl.h): architecture and vision flag.
+MMPROJ_ARCHITECTURE = "clip"
+_HAS_VISION = "clip.has_vision_encoder"
 
 
-def resolve_in_folder(folder: Path, path: str) -> Path:
+def resolve_in_folder(folder: Path, path: str, *, param: str = "path") -> Path:
     """`path` (relative to `folder`, or absolute) with symlinks resolved, refused with
-    ModelVerificationFailed unless it stays inside `folder`."""
+    ModelVerificationFailed unless it stays inside `folder`. `param` names the field the
+    path came from (`path`, `mmproj`) in the error."""
+    what = "model path" if param == "path" else param
     if "\x00" in path:
-        raise ModelVerificationFailed("a model path cannot contain a NUL byte", param="path")
+        raise ModelVerificationFailed(f"a {what} cannot contain a NUL byte", param=param)
     root = folder.expanduser().resolve()
     candidate = Path(path).expanduser()
     resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
     if not resolved.is_relative_to(root):
         raise ModelVerificationFailed(
-            f"model path {path!r} resolves outside the models folder {root}: put the file "
+            f"{what} {path!r} resolves outside the models folder {root}: put the file "
             "inside it (registry.models_dir)",
-            param="path",
+            param=param,
         )
     return resolved
 
@@ -130,6 +137,51 @@ def _check_sha256(file: BinaryIO, path: Path, expected: str) -> None:
             param="sha256",
         )
     logger.info("verified %s (%d bytes) in %.2fs", path.name, size, time.monotonic() - started_at)
+
+
+@contextlib.contextmanager
+def verify_mmproj(path: str | Path, expected_sha256: str | None) -> Iterator[str]:
+    """`verified_file` for a multimodal projector: open `path`, refuse it unless it hashes
+    to `expected_sha256` (None: no check) and its GGUF header is a vision projector
+    (`general.architecture` clip with `clip.has_vision_encoder`), and yield a path naming
+    exactly the open, verified file (give that to libmtmd) until the block exits. Every
+    process calls it before libmtmd reads the file, like `verified_file` for the model.
+    Blocking. Raises ModelFileNotFound (missing), ModelVerificationFailed (hash, not a
+    projector), ModelLoadError (unreadable), each naming the mmproj."""
+    with contextlib.ExitStack() as stack:
+        try:
+            load_path = stack.enter_context(verified_file(path, expected_sha256))
+            _check_projector(load_path, Path(path))
+        except ModelLoadError as exc:
+            raise as_mmproj_error(exc) from None
+        yield load_path
+
+
+def _check_projector(load_path: str, path: Path) -> None:
+    try:
+        meta = read_gguf_metadata(load_path)
+    except ModelLoadError:
+        raise ModelVerificationFailed(
+            f"mmproj file {path} is not a GGUF file: give the model's multimodal projector "
+            "(mmproj-*.gguf)",
+            param="mmproj",
+        ) from None
+    if meta.architecture != MMPROJ_ARCHITECTURE or meta.values.get(_HAS_VISION) is not True:
+        raise ModelVerificationFailed(
+            f"mmproj file {path} is not a vision projector GGUF (general.architecture "
+            f"{meta.architecture!r}, {_HAS_VISION} {meta.values.get(_HAS_VISION)!r}; expected "
+            f"{MMPROJ_ARCHITECTURE!r} and true): give the model's mmproj-*.gguf, not a model",
+            param="mmproj",
+        )
+
+
+def as_mmproj_error(exc: ModelLoadError) -> ModelLoadError:
+    """The same error, naming the mmproj (its message and field) instead of the model."""
+    if exc.param == "mmproj":
+        return exc
+    message = exc.message.replace("model file", "mmproj file", 1)
+    message = message.replace("model path", "mmproj path", 1)
+    return type(exc)(message, param="mmproj_sha256" if exc.param == "sha256" else "mmproj")
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from inferflux.engine.core import EngineCore
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.heartbeat import Heartbeat, StepClock
+from inferflux.engine.image_prep import ImagePreparer, ImageRows
 from inferflux.engine.kv_setup import build_kv_offload, model_identity, tiers_enabled
 from inferflux.engine.messages import (
     AbortRequests,
@@ -59,7 +60,7 @@ from inferflux.engine.messages import (
     decode_input,
     encode,
 )
-from inferflux.engine.model_verify import verified_file
+from inferflux.engine.model_verify import verified_file, verify_mmproj
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
 from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
@@ -114,6 +115,9 @@ class WorkerConfig:
     gpu_fallback: bool = True  # runtime.gpu_fallback (engine/backends/offload.py)
     fault_gpu_init: GpuFault = "off"  # fault injection: runtime.fault_gpu_init
     cpu_fallback_reason: str | None = None  # set: the API process restarts this one on CPU
+    mmproj: str = ""  # the model's multimodal projector (images in); "" = text only
+    mmproj_sha256: str = ""  # checked before libmtmd reads the file; "" = no check
+    image_max_pixels: int = 33_177_600  # multimodal.max_pixels: refused before decoding
 
 
 def worker_config(
@@ -167,6 +171,8 @@ def worker_config(
         speculative=spec_config(runtime.speculative_decoding),
         gpu_fallback=runtime.gpu_fallback,
         fault_gpu_init=runtime.fault_gpu_init,
+        mmproj=model_info.mmproj,
+        mmproj_sha256=model_info.mmproj_sha256,
     )
 
 
@@ -250,6 +256,7 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
             for fd_path, real in names.items():
                 message = message.replace(fd_path, real)
             raise ModelLoadError(message) from None
+        images = _image_preparer(config, backend, files)
     cache = _prefix_cache(config)
     kv_capacity: int | None = None
     if config.context.kv_unified:
@@ -273,7 +280,41 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     )
     if offload is not None:
         scheduler.lower_tiers = offload
-    return EngineCore(backend, scheduler, _speculator(config, backend), kv_offload=offload)
+    speculator = _speculator(config, backend)
+    return EngineCore(backend, scheduler, speculator, kv_offload=offload, images=images)
+
+
+def _image_preparer(
+    config: WorkerConfig, backend: LlamaCppBackend, files: contextlib.ExitStack
+) -> ImagePreparer | None:
+    """The model's mmproj loaded (libmtmd) beside it, or None for a text-only model. The
+    file is verified like the model's; libmtmd reads it once, here."""
+    if not config.mmproj:
+        return None
+    from inferflux.engine.backends.llama_cpp_vision import VisionEncoder  # libmtmd: lazily
+
+    load_path = files.enter_context(verify_mmproj(config.mmproj, config.mmproj_sha256 or None))
+    try:
+        # Half the batch threads: the tower runs beside decode steps (1 on 2 cores, where
+        # 2 stalled in ggml's barrier: docs/engine-notes.md)
+        encoder = VisionEncoder(
+            load_path,
+            backend.model_handle,
+            n_threads=max(1, config.context.n_threads_batch // 2),
+            use_gpu=config.context.n_gpu_layers != 0,
+        )
+    except EngineError as exc:
+        message = exc.message.replace(load_path, config.mmproj)
+        raise ModelLoadError(f"the mmproj {config.mmproj} cannot be used: {message}") from None
+    rows = ImageRows()
+    backend.image_rows = rows.embeddings
+    backend.image_non_causal = encoder.non_causal
+    backend.image_n_embd = encoder.n_embd
+    stat = os.stat(config.mmproj)
+    mmproj_id = config.mmproj_sha256 or f"{config.mmproj}:{stat.st_size}:{stat.st_mtime_ns}"
+    return ImagePreparer(
+        encoder, mmproj_id=mmproj_id, max_pixels=config.image_max_pixels, rows=rows
+    )
 
 
 def _load_backend(config: WorkerConfig, context: ContextConfig) -> LlamaCppBackend:

@@ -60,6 +60,11 @@ def manifest_catalog(settings: Settings) -> Catalog:
             "both model.path and registry.path are set: list the model in the manifest "
             "and remove model.path (or --model), or remove registry.path"
         )
+    if settings.model.mmproj is not None:
+        raise ConfigError(
+            "both model.mmproj and registry.path are set: give the manifest entry its "
+            "`mmproj` (and mmproj_sha256) and remove model.mmproj (or --mmproj)"
+        )
     manifest_path = Path(registry.path).expanduser().resolve()
     manifest = read_manifest(manifest_path)
     default_id = manifest.default_id()

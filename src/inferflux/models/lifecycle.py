@@ -264,8 +264,11 @@ class Lifecycle:
         sha256 = spec.sha256
         if sha256 is None:
             sha256 = await asyncio.to_thread(sha256_of_path, spec.path)
+        mmproj_sha256 = spec.mmproj_sha256
+        if spec.mmproj is not None and mmproj_sha256 is None:
+            mmproj_sha256 = await asyncio.to_thread(sha256_of_path, spec.mmproj)
         try:
-            return entry_from_spec(spec, self._catalog.models_dir, sha256)
+            return entry_from_spec(spec, self._catalog.models_dir, sha256, mmproj_sha256)
         except ValueError:
             raise Conflict(
                 f"the file of {spec.model_id!r} is outside the models folder (registry.models_dir)",

@@ -1,8 +1,8 @@
 """The local file behind a model path that is a URL, or a model with a `quantization`.
 
 Owns: `local_model` (URL → downloaded file, then → quantized file, each once, each with
-its SHA-256), its two uses (`entry_file` for a manifest or admin-API entry,
-`prepare_settings` for the `model` section), and the default cache folder of a server
+its SHA-256), its uses (`entry_file` and `entry_mmproj` for a manifest or admin-API
+entry, `prepare_settings` for the `model` section), and the default cache folder of a server
 without `registry.models_dir`. Fetching (network, quantizing) happens only with
 `fetch=True`: at startup, and on a thread when the hub gets a new entry (models/hub.py).
 Without it, a file that is not there yet is a ModelLoadError, so the event loop never
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from inferflux.config.manifest import ManifestEntry, is_model_url
 from inferflux.config.settings import Settings
-from inferflux.engine.model_verify import resolve_in_folder
+from inferflux.engine.model_verify import as_mmproj_error, resolve_in_folder
 from inferflux.errors import ModelLoadError
 from inferflux.models.download import Progress, download, downloaded
 from inferflux.models.quantize import find_quantized, quantize, source_type
@@ -94,6 +94,42 @@ def entry_file(entry: ManifestEntry, folder: Path, *, fetch: bool) -> LocalModel
     )
 
 
+def entry_mmproj(entry: ManifestEntry, folder: Path, *, fetch: bool) -> LocalModel | None:
+    """The local mmproj of an entry (None without one): a URL's download, else its path
+    inside `folder` (ModelVerificationFailed, param `mmproj`, outside it)."""
+    if entry.mmproj is None:
+        return None
+    return local_mmproj(
+        entry.mmproj,
+        entry.mmproj_sha256,
+        folder,
+        lambda path: resolve_in_folder(folder, path, param="mmproj"),
+        fetch=fetch,
+    )
+
+
+def local_mmproj(
+    path: str, sha256: str | None, folder: Path, resolve: Callable[[str], Path], *, fetch: bool
+) -> LocalModel:
+    """`local_model` for an mmproj (never quantized); errors name the mmproj's fields."""
+    try:
+        return local_model(path, sha256, None, folder, resolve, fetch=fetch)
+    except ModelLoadError as exc:
+        raise as_mmproj_error(exc) from None
+
+
+def entry_needs_preparation(entry: ManifestEntry) -> bool:
+    """True when the entry's file or mmproj is a URL, or it asks for a quantization."""
+    mmproj_url = entry.mmproj is not None and is_model_url(entry.mmproj)
+    return mmproj_url or needs_preparation(entry.path, entry.quantization)
+
+
+def fetch_entry(entry: ManifestEntry, folder: Path) -> None:
+    """Download (and quantize) what the entry names, once. Blocking."""
+    entry_file(entry, folder, fetch=True)
+    entry_mmproj(entry, folder, fetch=True)
+
+
 def settings_folder(settings: Settings) -> Path:
     """registry.models_dir, else DEFAULT_CACHE_DIR (expanded)."""
     folder = settings.registry.models_dir
@@ -102,8 +138,23 @@ def settings_folder(settings: Settings) -> Path:
 
 def prepare_settings(settings: Settings, resolve: Callable[[str], Path]) -> Settings:
     """`settings` with model.path a local file: a URL downloaded and/or the file (the
-    default model's too) quantized; model.sha256 is then the served file's. Unchanged when
-    neither is asked for. `resolve` finds a local model.path. Blocking."""
+    default model's too) quantized; model.sha256 is then the served file's. The same for
+    a model.mmproj URL (downloaded; model.mmproj_sha256 the file's). Unchanged when none
+    is asked for. `resolve` finds a local model.path. Blocking."""
+    return _prepare_mmproj(_prepare_model(settings, resolve))
+
+
+def _prepare_mmproj(settings: Settings) -> Settings:
+    model = settings.model
+    if model.mmproj is None or not is_model_url(model.mmproj):
+        return settings
+    folder = settings_folder(settings)
+    local = local_mmproj(model.mmproj, model.mmproj_sha256, folder, Path, fetch=True)
+    update = {"mmproj": str(local.path), "mmproj_sha256": local.sha256}
+    return settings.model_copy(update={"model": model.model_copy(update=update)})
+
+
+def _prepare_model(settings: Settings, resolve: Callable[[str], Path]) -> Settings:
     model = settings.model
     path = model.path
     if model.quantization is None and (path is None or not is_model_url(path)):

@@ -41,6 +41,12 @@ class ModelView:
     system: str | None = None  # Ollama: its system prompt
     parameters: ModelParameters | None = None  # Ollama: its default options
     chat_template: str | None = None  # the template its entry sets (None: the GGUF's)
+    mmproj: str = ""  # its multimodal projector GGUF (images in); "" = text only
+
+    @property
+    def vision(self) -> bool:
+        """True when the model takes images (it has an mmproj), loaded or not."""
+        return bool(self.mmproj) or (self.info is not None and self.info.vision)
 
     def listed(self) -> bool:
         """Shown by the client-facing listings (/v1/models, /api/tags)."""

@@ -37,12 +37,14 @@ logger = logging.getLogger(__name__)
 
 def system_fingerprint(model_info: ModelInfo) -> str:
     """OpenAI's `system_fingerprint`: changes when the server version, the model file or
-    its LoRA adapters do."""
+    its LoRA adapters or mmproj do."""
     adapters = ",".join(f"{a.sha256}*{a.scale:g}" for a in model_info.adapters)
     key = (
         f"{__version__}|{model_info.model_id}|{model_info.size_bytes}|{model_info.created}"
         f"|{model_info.sha256}|{adapters}"
     )
+    if model_info.mmproj:  # the projector shapes the answers too
+        key += f"|{model_info.mmproj_sha256 or model_info.mmproj}"
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 

@@ -22,7 +22,7 @@ from inferflux.config.manifest import (
 from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier, resolve_in_folder
 from inferflux.engine.protocol import LoraAdapter
-from inferflux.models.materialize import entry_file
+from inferflux.models.materialize import entry_file, entry_mmproj
 
 SpecSource = Literal["config", "manifest", "admin"]
 
@@ -48,6 +48,8 @@ class ModelSpec:
     base_id: str | None = None  # with adapters: the base model's id
     system: str | None = None  # Ollama: the system prompt when a request sends none
     parameters: ModelParameters | None = None  # Ollama: default options
+    mmproj: Path | None = None  # multimodal projector GGUF (images in); None: text only
+    mmproj_sha256: str | None = None  # None: not checked (the `model` section's may not be)
 
     def names(self) -> tuple[str, ...]:
         return (self.model_id, *self.aliases)
@@ -64,6 +66,8 @@ def spec_from_settings(settings: Settings, path: Path) -> ModelSpec:
         n_ctx=model.ctx_size,
         chat_template=model.chat_template,
         source="config",
+        mmproj=Path(model.mmproj).expanduser().resolve() if model.mmproj else None,
+        mmproj_sha256=model.mmproj_sha256.lower() if model.mmproj_sha256 else None,
     )
 
 
@@ -76,11 +80,13 @@ def spec_from_entry(
     fetch: bool = False,
 ) -> ModelSpec:
     """Check the entry's signature (over the entry as written, URL included) and resolve
-    its file inside `folder`: a URL's download, a `quantization`'s output
+    its file and mmproj inside `folder`: a URL's download, a `quantization`'s output
     (models/materialize.py; `fetch` True downloads and quantizes now, blocking). Raises
-    ModelVerificationFailed (bad signature, path escaping the folder), ModelLoadError."""
+    ModelVerificationFailed (bad signature, path or mmproj escaping the folder),
+    ModelLoadError."""
     verifier.verify(entry.id, canonical_entry(entry), entry.signature)
     local = entry_file(entry, folder, fetch=fetch)
+    mmproj = entry_mmproj(entry, folder, fetch=fetch)
     return ModelSpec(
         model_id=entry.id,
         path=local.path,
@@ -95,19 +101,27 @@ def spec_from_entry(
         source=source,
         system=entry.system,
         parameters=entry.parameters,
+        mmproj=mmproj.path if mmproj is not None else None,
+        mmproj_sha256=mmproj.sha256.lower() if mmproj is not None and mmproj.sha256 else None,
     )
 
 
-def entry_from_spec(spec: ModelSpec, folder: Path, sha256: str) -> ManifestEntry:
+def entry_from_spec(
+    spec: ModelSpec, folder: Path, sha256: str, mmproj_sha256: str | None = None
+) -> ManifestEntry:
     """A manifest entry serving `spec`'s file with its settings (no aliases, not the
     default, unsigned): what an Ollama copy or `create --from` starts from. `sha256` is
-    the file's (the spec's, or hashed by the caller when the spec has none). Raises
-    ValueError when the file lies outside `folder`."""
+    the file's (the spec's, or hashed by the caller when the spec has none), and
+    `mmproj_sha256` the mmproj's likewise. Raises ValueError when a file lies outside
+    `folder`."""
     fields: dict[str, object] = {
         "id": spec.model_id,
         "path": str(spec.path.resolve().relative_to(folder.resolve())),
         "sha256": sha256,
     }
+    if spec.mmproj is not None:
+        fields["mmproj"] = str(spec.mmproj.resolve().relative_to(folder.resolve()))
+        fields["mmproj_sha256"] = mmproj_sha256 or spec.mmproj_sha256
     optional = {
         "n_ctx": spec.n_ctx,
         "workers": spec.workers,
@@ -146,7 +160,7 @@ def spec_from_adapter(
 
 def model_settings(settings: Settings, spec: ModelSpec) -> Settings:
     """`settings` with the spec's per-model values in place (workers, threads, n_batch,
-    n_ctx, chat template, path and id). The server-wide values fill the gaps."""
+    n_ctx, chat template, path, id and mmproj). The server-wide values fill the gaps."""
     runtime = settings.runtime.model_copy(
         update={
             "workers": spec.workers or settings.runtime.workers,
@@ -163,6 +177,8 @@ def model_settings(settings: Settings, spec: ModelSpec) -> Settings:
             "ctx_size": spec.n_ctx or settings.model.ctx_size,
             "chat_template": spec.chat_template,
             "sha256": spec.sha256,
+            "mmproj": str(spec.mmproj) if spec.mmproj is not None else None,
+            "mmproj_sha256": spec.mmproj_sha256,
         }
     )
     return settings.model_copy(update={"runtime": runtime, "scheduler": scheduler, "model": model})

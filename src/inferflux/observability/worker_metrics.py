@@ -95,6 +95,19 @@ class SpeculativeView(Protocol):
     def accepted_tokens(self) -> int: ...
 
 
+class ImagesView(Protocol):
+    """What the collector reads of a worker's images (engine `ImageStats`)."""
+
+    @property
+    def num_images_total(self) -> int: ...
+    @property
+    def encode_seconds_total(self) -> float: ...
+    @property
+    def num_preparing(self) -> int: ...
+    @property
+    def rows_bytes(self) -> int: ...
+
+
 class EngineStatsView(Protocol):
     """What the collector reads of a worker's latest state (engine `EngineStats`)."""
 
@@ -124,6 +137,8 @@ class EngineStatsView(Protocol):
     def kv_tiers(self) -> KvTiersView | None: ...
     @property
     def speculative(self) -> SpeculativeView | None: ...
+    @property
+    def images(self) -> ImagesView | None: ...
 
 
 class RoutingView(Protocol):
@@ -171,6 +186,7 @@ class WorkerCollector(Collector):
         yield from _prefix([s.prefix_cache for s in stats if s.prefix_cache is not None])
         yield from _kv_tiers([s.kv_tiers for s in stats if s.kv_tiers is not None])
         yield from _speculative([s.speculative for s in stats if s.speculative is not None])
+        yield from _images([s.images for s in stats if s.images is not None])
         yield from _liveness(workers)
         yield _routing(workers)
 
@@ -339,6 +355,32 @@ def _kv_tiers(tiers: list[KvTiersView]) -> Iterator[Metric]:
         "inferflux_kv_disk_write_errors",
         "Disk-tier writes that failed (disk full, read-only); the entries were dropped",
         sum(t.write_errors for t in tiers),
+    )
+
+
+def _images(images: list[ImagesView]) -> Iterator[Metric]:
+    """Images encoded by the workers (models with an mmproj); none for text-only models."""
+    if not images:
+        return
+    yield counter(
+        "inferflux_multimodal_worker_images",
+        "Images of prompts prepared by the workers (an image reused from memory counts)",
+        sum(i.num_images_total for i in images),
+    )
+    yield counter(
+        "inferflux_multimodal_encode_seconds",
+        "Seconds the workers spent decoding image files and running the vision tower",
+        sum(i.encode_seconds_total for i in images),
+    )
+    yield gauge(
+        "inferflux_multimodal_preparing_requests",
+        "Requests whose images are being encoded now",
+        sum(i.num_preparing for i in images),
+    )
+    yield gauge(
+        "inferflux_multimodal_embedding_bytes",
+        "Image embedding rows the workers keep (for live requests, or to reuse)",
+        sum(i.rows_bytes for i in images),
     )
 
 

@@ -52,6 +52,9 @@ class Request:
     output_len_at_admit: int = 0  # len(output_token_ids) when last admitted (timeslices)
     num_draft_tokens: int = 0  # speculative tokens drafted for it, in all
     num_draft_accepted: int = 0  # of those, the ones verification accepted
+    # [begin, end) of each image's embedding rows in the prompt (engine/image_prep.py):
+    # a chunk never mixes them with text, and takes an image's rows whole
+    image_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def started(self) -> bool:
@@ -87,11 +90,25 @@ class Request:
         """The next at most `limit` tokens that have no KV yet."""
         start = self.num_computed_tokens
         end = min(self.num_tokens, start + limit)
+        if self.image_spans:
+            end = _cut_at_images(self.image_spans, start, end)
         n_prompt = len(self.prompt_token_ids)
         if end <= n_prompt:
             return self.prompt_token_ids[start:end]
         generated = self.output_token_ids[max(start - n_prompt, 0) : end - n_prompt]
         return self.prompt_token_ids[start:n_prompt] + generated if start < n_prompt else generated
+
+
+def _cut_at_images(spans: tuple[tuple[int, int], ...], start: int, end: int) -> int:
+    """Where a chunk from `start` ends: the rest of an image it starts in (whole, even past
+    the budget: a non-causal vision model needs an image in one batch), else before the
+    next image it would reach."""
+    for begin, stop in spans:
+        if begin <= start < stop:
+            return stop
+        if start < begin < end:
+            return begin
+    return end
 
 
 @dataclass(frozen=True, slots=True)

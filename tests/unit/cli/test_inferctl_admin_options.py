@@ -4,9 +4,12 @@ Against a real server: tests/integration/test_inferctl_admin*.py."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import typer
 
+from inferflux.cli.inferctl.admin import mmproj_fields
 from inferflux.cli.inferctl.admin_config import _config_lines, flatten, nest
 from inferflux.cli.inferctl.admin_keys import parse_duration
 from inferflux.cli.inferctl.admin_policy import (
@@ -119,3 +122,18 @@ def test_the_view_is_dotted_with_live_keys_and_entries_marked():
         'observability.tenant_logging.acme.log_level = "debug"  (live)',
         "observability.x = {}",
     ]
+
+
+def test_mmproj_fields_hash_a_local_file_and_leave_urls_to_the_server(tmp_path):
+    projector = tmp_path / "mmproj.gguf"
+    projector.write_bytes(b"projector")
+    digest = hashlib.sha256(b"projector").hexdigest()
+    assert mmproj_fields(None, None) == {}
+    assert mmproj_fields(str(projector), None) == {
+        "mmproj": str(projector),
+        "mmproj_sha256": digest,
+    }
+    assert mmproj_fields("p.gguf", "ab" * 32) == {"mmproj": "p.gguf", "mmproj_sha256": "ab" * 32}
+    assert mmproj_fields("hf://o/r/p.gguf", None) == {"mmproj": "hf://o/r/p.gguf"}
+    with pytest.raises(typer.Exit):  # not a file here and no hash: a usage error
+        mmproj_fields(str(tmp_path / "elsewhere.gguf"), None)

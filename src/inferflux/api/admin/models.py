@@ -57,6 +57,8 @@ class AdminModelRequest(BaseModel):
     quantization: str | None = None
     system: str | None = None  # Ollama: the model's system prompt
     parameters: dict[str, JsonValue] | None = None  # Ollama: its default options
+    mmproj: str | None = None  # multimodal projector GGUF in the models folder (images in)
+    mmproj_sha256: str | None = None  # required with mmproj
 
     def entry(self) -> ManifestEntry:
         """The fields given, as a manifest entry. Raises InvalidRequest naming a bad one."""
@@ -90,6 +92,7 @@ def view_json(view: ModelView) -> dict[str, object]:
         "default": view.is_default,
         "state": view.state,
         "sha256": info.sha256 if info is not None else None,
+        "mmproj": view.mmproj or None,
         "n_ctx": info.n_ctx if info is not None else None,
         "num_in_flight": view.num_in_flight,
         "load_s": None if view.load_s is None else round(view.load_s, 3),

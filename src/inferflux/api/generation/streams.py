@@ -16,8 +16,10 @@ import anyio
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta
 from inferflux.errors import (
     ConstraintFailed,
+    ContextLengthExceeded,
     EngineError,
     InferfluxError,
+    InvalidRequest,
     KvCacheFull,
     QueueTimeout,
 )
@@ -138,6 +140,10 @@ def check_delta(delta: RequestDelta) -> None:
             raise ConstraintFailed(delta.error or "the output constraint failed")
         if delta.error_code == KvCacheFull.code:
             raise KvCacheFull(f"{delta.error or 'no KV cache room'}; retry later")
+        if delta.error_code == InvalidRequest.code:  # e.g. an image the worker cannot use
+            raise InvalidRequest(delta.error or "the request cannot be run")
+        if delta.error_code == ContextLengthExceeded.code:  # known only after its images
+            raise ContextLengthExceeded(delta.error or "the prompt is over the context")
         raise EngineError(f"generation failed in the engine: {delta.error or 'unknown error'}")
     if delta.finish_reason is FinishReason.TIMEOUT:
         raise QueueTimeout(

@@ -216,6 +216,7 @@ async def list_models(request: Request, models: ModelsDep, context: ContextDep) 
                 aliases=list(view.aliases),
                 loaded=view.info is not None,
                 is_default=view.is_default,
+                vision=view.vision,
             )
             for view in views
         ]

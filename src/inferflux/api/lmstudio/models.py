@@ -1,11 +1,11 @@
 """LM Studio's model routes: `GET /api/v0/models` and `GET /api/v0/models/{id}` (read scope).
 
 Every registered model the caller may use (`allowed_models`), as LM Studio describes one:
-`id`, `object` "model", `type` (`embeddings` for encoder-only architectures, else
-`llm`), `publisher` (the GGUF's `general.organization`, else "local"), `arch`,
-`compatibility_type` "gguf", `quantization`, `state` (`loaded` or `not-loaded`) and
-`max_context_length` (the context the model was trained for). A model that is not loaded
-is described from its file's header, without loading it.
+`id`, `object` "model", `type` (`embeddings` for encoder-only architectures, `vlm` for a
+model with an mmproj, else `llm`), `publisher` (the GGUF's `general.organization`, else
+"local"), `arch`, `compatibility_type` "gguf", `quantization`, `state` (`loaded` or
+`not-loaded`) and `max_context_length` (the context the model was trained for). A model
+that is not loaded is described from its file's header, without loading it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def lmstudio_model(view: ModelView, meta: GgufMetadata | None) -> dict[str, obje
     return {
         "id": view.model_id,
         "object": "model",
-        "type": "embeddings" if arch in _EMBEDDING_ARCHITECTURES else "llm",
+        "type": _model_type(arch, view.vision),
         "publisher": publisher if isinstance(publisher, str) and publisher else "local",
         "arch": arch,
         "compatibility_type": "gguf",
@@ -45,6 +45,12 @@ def lmstudio_model(view: ModelView, meta: GgufMetadata | None) -> dict[str, obje
         "state": "loaded" if view.state == "loaded" else "not-loaded",
         "max_context_length": context,
     }
+
+
+def _model_type(arch: str, vision: bool) -> str:
+    if arch in _EMBEDDING_ARCHITECTURES:
+        return "embeddings"
+    return "vlm" if vision else "llm"
 
 
 async def _described(view: ModelView) -> dict[str, object]:

@@ -2,7 +2,9 @@
 
 Owns: Ollama model names (ids and aliases, also with `:latest`; `resolve_model`), the
 model descriptions Ollama clients read (`details`, `model_info`, `modelfile`,
-`parameters`), and the liveness text at `/`. GGUF facts (parameter count, quantization,
+`parameters`, `capabilities`; a model with an mmproj: `vision` among its capabilities,
+`clip` among its families and its projector's header as `projector_info`, as Ollama shows
+a vision model), and the liveness text at `/`. GGUF facts (parameter count, quantization,
 metadata keys, MoE experts) come from `engine/gguf_metadata.py`, read once per model file
 off the event loop; a registered model that is not loaded is described from its file
 without loading it.
@@ -47,6 +49,7 @@ from inferflux.api.state import ContextDep, ModelsDep
 from inferflux.config.manifest import ModelParameters
 from inferflux.engine.chat_template import fallback_template
 from inferflux.engine.gguf_metadata import GgufMetadata, read_gguf_metadata
+from inferflux.engine.model_verify import MMPROJ_ARCHITECTURE
 from inferflux.engine.protocol import ModelInfo
 from inferflux.errors import InvalidRequest, ModelLoadError, ModelNotFound
 from inferflux.models.protocol import ModelView
@@ -102,11 +105,13 @@ def digest(info: ModelInfo) -> str:
 
 
 def details(info: ModelInfo, meta: GgufMetadata) -> dict[str, object]:
+    # a model with an mmproj: families lists its projector's `clip` too, as Ollama's do
+    families = [info.architecture, MMPROJ_ARCHITECTURE] if info.vision else [info.architecture]
     return {
         "parent_model": "",
         "format": "gguf",
         "family": info.architecture,
-        "families": [info.architecture],
+        "families": families,
         "parameter_size": human_number(meta.num_parameters),
         "quantization_level": meta.quantization_name,
     }
@@ -192,12 +197,24 @@ def show_body(
         "template": template,
         "details": details(info, meta),
         "model_info": model_info_map(info, meta),
-        "capabilities": ["completion", "tools"],  # tools: every template (generic format)
+        # tools: every template (generic format); vision: an mmproj (Ollama's order)
+        "capabilities": ["completion", "tools", "vision"]
+        if info.vision
+        else ["completion", "tools"],
         "modified_at": rfc3339_nano(info.created * 1_000_000_000),
     }
     if system:
         body["system"] = system
     return body
+
+
+async def projector_info(info: ModelInfo) -> dict[str, object] | None:
+    """Ollama's `projector_info`: the scalar keys of the model's mmproj GGUF header (None
+    without an mmproj or when its file cannot be read)."""
+    if not info.mmproj:
+        return None
+    meta = await registered_metadata(info.mmproj)
+    return None if meta is None else dict(sorted(meta.values.items()))
 
 
 async def _described(view: ModelView) -> tuple[ModelInfo, GgufMetadata] | None:
@@ -243,7 +260,11 @@ async def show_model(models: ModelsDep, body: ShowBody, context: ContextDep) -> 
     else:
         chat = view.chat_template or meta.values.get("tokenizer.chat_template")
         template = chat if isinstance(chat, str) else fallback_template(info.architecture)
-    return json_response(show_body(info, template, meta, view))
+    shown = show_body(info, template, meta, view)
+    projector = await projector_info(info)
+    if projector is not None:
+        shown["projector_info"] = projector
+    return json_response(shown)
 
 
 @router.get("/api/ps")

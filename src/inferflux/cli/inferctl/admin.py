@@ -5,7 +5,8 @@ scope); the key is INFERCTL_API_KEY.
 
 `--load PATH` and `--swap PATH` name a file inside the server's models folder. The SHA-256
 is `--sha256`, else computed here from PATH when this machine sees the same file (the
-server verifies it either way before llama.cpp reads a byte).
+server verifies it either way before llama.cpp reads a byte); the same for `--mmproj`
+(a vision model's projector) and `--mmproj-sha256`.
 """
 
 from __future__ import annotations
@@ -35,16 +36,26 @@ ADMIN_MODELS = "/v1/admin/models"
 ADMIN_ADAPTERS = "/v1/admin/adapters"
 
 
-def _sha256(path: str, given: str | None) -> str:
+def _sha256(path: str, given: str | None, flag: str = "--sha256") -> str:
     if given:
         return given
     local = Path(path).expanduser()
     if not local.is_file():
         raise fail(
-            f"{path} is not a file here: give its SHA-256 with --sha256 (sha256sum on the server)",
+            f"{path} is not a file here: give its SHA-256 with {flag} (sha256sum on the server)",
             EXIT_USAGE_ERROR,
         )
     return file_sha256(local)
+
+
+def mmproj_fields(mmproj: str | None, sha256: str | None) -> dict[str, str]:
+    """A load's `mmproj` and `mmproj_sha256`: the SHA-256 given, else computed here from
+    the file (a URL's is left to the server: optional for hf://, required for https://)."""
+    if not mmproj:
+        return {}
+    if not sha256 and "://" not in mmproj:
+        sha256 = _sha256(mmproj, None, "--mmproj-sha256")
+    return {"mmproj": mmproj, **({"mmproj_sha256": sha256} if sha256 else {})}
 
 
 def _action(
@@ -92,6 +103,12 @@ def models(
     default: Annotated[bool, typer.Option("--default", help="Also make it the default.")] = False,
     alias: Annotated[list[str] | None, typer.Option(help="An alias (repeatable).")] = None,
     n_ctx: Annotated[int | None, typer.Option(help="Context per request.")] = None,
+    mmproj: Annotated[
+        str | None, typer.Option(help="Its multimodal projector GGUF (images in), or a URL.")
+    ] = None,
+    mmproj_sha256: Annotated[
+        str | None, typer.Option("--mmproj-sha256", help="SHA-256 of the mmproj file.")
+    ] = None,
     url: UrlOption = None,
     host: HostOption = None,
     port: PortOption = None,
@@ -99,6 +116,8 @@ def models(
 ) -> None:
     """List the models, or load / swap / unload one, or set the default."""
     action = _action(load, swap, unload, set_default)
+    if mmproj and not (load or swap):
+        raise fail("--mmproj goes with --load or --swap", EXIT_USAGE_ERROR)
     body = None
     if action is not None:
         target = {"unload": unload, "set_default": set_default}.get(action, model_id)
@@ -106,6 +125,7 @@ def models(
             action, target, load or swap, sha256=sha256, default=default,
             aliases=alias, n_ctx=n_ctx,
         )  # fmt: skip
+        body.update(mmproj_fields(mmproj, mmproj_sha256))
     answer = _exchange(ADMIN_MODELS, body, base_url(url, host, port))
     listed = answer.get("data") or answer.get("models") or []
     _print(answer, action, answer.get("id"), [_model_line(m) for m in listed], as_json)

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -104,6 +105,13 @@ def _gpu_device_backends() -> list[str]:
         if dev_type(device) in _GPU_DEVICE_TYPES:
             names.append((reg_name(dev_reg(device)) or b"gpu").decode("ascii", "replace"))
     return names
+
+
+def _check_decode(status: int, n_tokens: int) -> None:
+    if status == 1:
+        raise KvCacheFull(f"no KV cache room for a batch of {n_tokens}")
+    if status != 0:
+        raise EngineError(f"llama_decode failed with status {status}")
 
 
 def _load_model(path: str, *, vocab_only: bool, n_gpu_layers: int = 0) -> Any:  # Any: model*
@@ -331,6 +339,11 @@ class LlamaCppBackend:
         self._grammar_tokenizer: BackgroundGrammarTokenizer | None = None
         self._matchers: MatcherFactory | None = None  # built at the first constraint
         self._masker = LogitMasker(self.n_vocab)
+        # a model with an mmproj (engine/image_prep.py): the embedding rows of image pseudo
+        # tokens (negative ids); a chunk holds either those or tokens (scheduler/request.py)
+        self.image_rows: Callable[[list[int]], np.ndarray] | None = None
+        self.image_non_causal = False  # the vision model wants an image's rows bidirectional
+        self.image_n_embd = 0  # the width of an embedding row (llama_model_n_embd_inp)
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
@@ -452,13 +465,34 @@ class LlamaCppBackend:
         it rejects or fails the batch otherwise (the batch's sequences may then hold KV of
         some of its positions: trim them back to their chunks' start positions).
         """
+        images = [c for c in chunks if c[1] and c[1][0] < 0]
+        if images:
+            self._decode_images(images)
+            if len(images) == len(chunks):
+                return [-1] * len(chunks)
+            text = [c for c in chunks if not (c[1] and c[1][0] < 0)]
+            text_rows = iter(self._decode_tokens(text))
+            return [-1 if c[1] and c[1][0] < 0 else next(text_rows) for c in chunks]
+        return self._decode_tokens(chunks)
+
+    def _decode_tokens(self, chunks: list[DecodeChunk]) -> list[int]:
         rows = self._batch.fill(chunks)
-        status = ll.llama_decode(self._ctx, self._batch.struct)
-        if status == 1:
-            raise KvCacheFull(f"no KV cache room for a batch of {self._batch.struct.n_tokens}")
-        if status != 0:
-            raise EngineError(f"llama_decode failed with status {status}")
+        _check_decode(ll.llama_decode(self._ctx, self._batch.struct), self._batch.struct.n_tokens)
         return rows
+
+    def _decode_images(self, chunks: list[DecodeChunk]) -> None:
+        """One llama_decode of the image rows of `chunks` (embeddings, not tokens), before
+        the step's tokens: a chunk is all image or all text, so each sequence's positions
+        still go in order."""
+        from inferflux.engine.backends.llama_cpp_vision import decode_embeddings
+
+        if self.image_rows is None:
+            raise EngineError("image tokens for a model without an mmproj")
+        rows = [(seq, start, self.image_rows(ids), False) for seq, ids, start, _ in chunks]
+        status = decode_embeddings(
+            self._ctx, self.image_n_embd, rows, non_causal=self.image_non_causal
+        )
+        _check_decode(status, sum(len(ids) for _, ids, _, _ in chunks))
 
     def free_seq(self, seq_id: int) -> None:
         """Drop every KV cell of `seq_id` so the slot can serve another request."""
