@@ -189,8 +189,8 @@ def test_content_parts_equal_the_joined_string(client: OpenAI) -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     with pytest.raises(openai.BadRequestError) as refused:
         greedy([parts[0], image])
-    assert refused.value.param == "messages[0].content[1]"
-    assert "image_url" in refused.value.message
+    assert refused.value.param == "messages[0].content[1].image_url"
+    assert "multimodal.allow_urls is off" in refused.value.message
 
 
 def test_refused_and_unknown_parameters(client: OpenAI) -> None:

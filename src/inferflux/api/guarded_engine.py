@@ -94,9 +94,9 @@ class GuardedEngine(WrappingEngine):
         request = _capped(request, principal, record)
         request = self._namespaced(request, principal)
         scanner = self._output_scanner(request)
-        token_ids = await self._check_input(request.prompt_token_ids, context)
-        if token_ids is not request.prompt_token_ids:
-            request = msgspec.structs.replace(request, prompt_token_ids=token_ids)
+        if await self._redacts_input(request.prompt_token_ids, context):
+            request = self._redacted(request)
+        token_ids = request.prompt_token_ids
         if self.limits is not None:
             await self.limits.charge_prompt(principal, len(token_ids), status)
         record.model = self.model
@@ -137,16 +137,23 @@ class GuardedEngine(WrappingEngine):
 
     async def _check_input(self, token_ids: list[int], context: RequestContext) -> list[int]:
         """Run the input guardrails on the prompt's text; the token ids to queue (the
-        same list unless redaction changed the text). Raises ContentFiltered (400),
-        PolicyDenied (403), PolicyUnavailable (503)."""
+        same list unless redaction changed the text). Raises what `_redacts_input` does."""
+        if await self._redacts_input(token_ids, context) and self.guardrails is not None:
+            return self._redacted_ids(token_ids, self.guardrails)
+        return token_ids
+
+    async def _redacts_input(self, token_ids: list[int], context: RequestContext) -> bool:
+        """Run the input guardrails on the prompt's text; True when redaction changed it
+        (the caller re-tokenizes). Raises ContentFiltered (400), PolicyDenied (403),
+        PolicyUnavailable (503)."""
         guardrails, record = self.guardrails, context.record
         active = guardrails is not None and guardrails.chain().active
         if not active and not record.keep_text:
-            return token_ids
+            return False
         text = self.tokenizer.detokenize(token_ids)
         record.set_prompt(text)
         if guardrails is None or not active:
-            return token_ids
+            return False
         decision_context = DecisionContext(context.caller, self.model, context.route)
         try:
             verdict = await guardrails.check_input(text, decision_context)
@@ -156,9 +163,27 @@ class GuardedEngine(WrappingEngine):
         for decision in verdict.decisions:
             record.add_decision(decision)
         if not verdict.redacted:
-            return token_ids
+            return False
         record.set_prompt(verdict.text)
-        return self._redacted_ids(token_ids, guardrails)
+        return True
+
+    def _redacted(self, request: AddRequest) -> AddRequest:
+        """`request` with its prompt redacted. With images, the text between two images
+        is redacted on its own and each image moves to where its text now ends, so an
+        image never lands inside re-tokenized text."""
+        guardrails = self.guardrails
+        if guardrails is None:
+            return request
+        tokens = request.prompt_token_ids
+        out: list[int] = []
+        moved = []
+        start = 0
+        for image in request.images:
+            out += self._redacted_ids(tokens[start : image.position], guardrails)
+            moved.append(msgspec.structs.replace(image, position=len(out)))
+            start = image.position
+        out += self._redacted_ids(tokens[start:], guardrails)
+        return msgspec.structs.replace(request, prompt_token_ids=out, images=moved)
 
     def _redacted_ids(self, token_ids: list[int], guardrails: Guardrails) -> list[int]:
         """Re-tokenize each run of text tokens whose text redaction changes; special

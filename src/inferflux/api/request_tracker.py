@@ -8,7 +8,8 @@ Memory is bounded: `history` finished requests, `max_events` trace events per re
 
 Phases, in order: `queued` (sent to a worker) → `prefill` (the worker scheduled it) →
 `decode` (first token out) → `finished`. Text is kept only with
-`observability.debug_prompts`; token ids are always kept (admin-only endpoint).
+`observability.debug_prompts`; token ids are always kept (admin-only endpoint), and an
+image only as its SHA-256.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class TrackedRequest:
     error: str | None = None
     events: list[TraceEvent] = field(default_factory=list)
     num_dropped_events: int = 0
+    image_sha256s: list[str] = field(default_factory=list)  # the prompt's images, never bytes
 
     def summary(self, now: float) -> dict[str, object]:
         """The JSON of one request in the list: everything but the token trace."""
@@ -77,6 +79,7 @@ class TrackedRequest:
         """The summary plus the token trace (times in seconds after submission)."""
         return {
             **self.summary(now),
+            "images": [{"sha256": sha256} for sha256 in self.image_sha256s],
             "num_dropped_events": self.num_dropped_events,
             "trace": [
                 {"at_s": round(e.at_s, 6), "token_ids": e.token_ids, "text": e.text}
@@ -112,6 +115,7 @@ class RequestTracker:
             max_tokens=request.sampling.max_tokens,
             submitted_at=time.monotonic(),
             submitted_unix=time.time(),
+            image_sha256s=[image.sha256 for image in request.images],
         )
         self._live[request.request_id] = tracked
         return tracked

@@ -22,6 +22,7 @@ from inferflux.config.kv_settings import (
     PagedKvSettings,
 )
 from inferflux.config.manifest import QuantizationLevel, check_mmproj, check_model_url
+from inferflux.config.multimodal_settings import MultimodalSettings
 from inferflux.config.policy_schema import NAME_PATTERN
 from inferflux.config.registry_settings import RegistrySettings
 from inferflux.config.router_settings import RouterSettings
@@ -705,6 +706,9 @@ class Settings(_Section):
     )
     responses: ResponsesSettings = Field(
         default_factory=ResponsesSettings  # type: ignore[arg-type]
+    )
+    multimodal: MultimodalSettings = Field(
+        default_factory=MultimodalSettings  # type: ignore[arg-type]
     )
     auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
     observability: ObservabilitySettings = Field(

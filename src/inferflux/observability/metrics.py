@@ -50,6 +50,9 @@ LATENCY_BUCKETS = (
 STEP_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
+# Image files: 1 KiB to 64 MiB; images: a thumbnail (4 kpx) to 64 MP.
+IMAGE_BYTES_BUCKETS = tuple(float(4**k * 1024) for k in range(10))
+IMAGE_PIXELS_BUCKETS = tuple(float(4**k * 4096) for k in range(9))
 BATCH_SEQS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Guardrail verdicts: 50 µs (a blocklist scan of one delta) to 2.5 s (an OPA timeout).
@@ -178,16 +181,17 @@ class Metrics:
         )
         self.multimodal_images = counter(
             "inferflux_multimodal_images_total",
-            "Images preprocessed across all requests (0 until image input is supported)",
+            "Images taken by the API (fetched or decoded from base64, sniffed and probed)",
         )
         self.multimodal_requests = counter(
             "inferflux_multimodal_requests_total",
-            "Requests with at least one image input (0 until image input is supported)",
+            "Requests with at least one image input",
         )
         self.moe_requests = counter(
             "inferflux_moe_requests_total",
             "Requests routed to a mixture-of-experts model (GGUF <arch>.expert_count > 0)",
         )
+        self._init_multimodal()
         # Present (at 0) before the first request, so dashboards and alerts see the series.
         for family in (
             self.ttft,
@@ -199,8 +203,40 @@ class Metrics:
             self.multimodal_images,
             self.multimodal_requests,
             self.moe_requests,
+            self.image_preprocess,
+            self.image_bytes,
+            self.image_pixels,
         ):
             family.labels(model=self.model)
+
+    def _init_multimodal(self) -> None:
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            labels = ("model",)
+            return Histogram(name, doc, labelnames=labels, buckets=buckets, registry=self.registry)
+
+        self.image_preprocess = histogram(
+            "inferflux_multimodal_preprocess_seconds",
+            "API-side time per image: URL fetch (if any), base64 already decoded, sniff and "
+            "header probe",
+            STEP_BUCKETS + (10.0, 30.0),
+        )
+        self.image_bytes = histogram(
+            "inferflux_multimodal_image_bytes",
+            "Size of each image file taken, in bytes",
+            IMAGE_BYTES_BUCKETS,
+        )
+        self.image_pixels = histogram(
+            "inferflux_multimodal_image_pixels",
+            "Pixels (width x height) of each image taken, read from its header",
+            IMAGE_PIXELS_BUCKETS,
+        )
+
+    def observe_image(self, preprocess_s: float, num_bytes: int, num_pixels: int) -> None:
+        """One image the API took: its preprocessing time, file size and pixel count."""
+        self.multimodal_images.labels(self.model).inc()
+        self.image_preprocess.labels(self.model).observe(preprocess_s)
+        self.image_bytes.labels(self.model).observe(num_bytes)
+        self.image_pixels.labels(self.model).observe(num_pixels)
 
     def _init_engine(self) -> None:
         def histogram(name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:

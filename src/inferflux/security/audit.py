@@ -7,8 +7,9 @@ the response has ended) and `make_audit_log`.
 
 What an event holds: time, request id, principal (subject and kind, never a secret),
 tenant, method, route template (never the raw path or query string), status, latency,
-model, token counts, finish reason, policy decisions, and the prompt and output as
-HMAC-SHA-256 digests (`security/digest.py`; raw text only with `audit.log_raw_text`).
+model, token counts, finish reason, policy decisions, the SHA-256 of each image (only
+when there are images; never their bytes), and the prompt and output as HMAC-SHA-256
+digests (`security/digest.py`; raw text only with `audit.log_raw_text`).
 Every value goes through `json.dumps(ensure_ascii=True)`: CR, LF, other control
 characters and non-ASCII text in user-controlled fields are escaped, so one event is
 always exactly one line and cannot forge another. Headers, query strings and bodies are
@@ -83,6 +84,7 @@ class AuditLog:
     def request(self, scope: Scope, context: RequestContext, status: int, latency_s: float) -> None:
         digest = self.digester.render
         record, principal = context.record, context.principal
+        images = {"images": list(record.image_sha256s)} if record.image_sha256s else {}
         self.write(
             {
                 "event": "request",
@@ -101,6 +103,7 @@ class AuditLog:
                 "decisions": record.policy_decisions,
                 "prompt": digest(record.prompt_text),
                 "completion": digest(record.completion_text),
+                **images,
             }
         )
 

@@ -50,6 +50,7 @@ class RequestRecord:
     prompt_text: str | None = None  # hashed (HMAC) unless audit debug is on
     completion_text: str | None = None  # every generation's released text, in order
     policy_decisions: list[str] = field(default_factory=list)  # "guardrail:pii:redact", ...
+    image_sha256s: list[str] = field(default_factory=list)  # the prompt's images, never bytes
 
     def add_decision(self, decision: str) -> None:
         """Record a policy decision once (n choices of one request decide alike)."""

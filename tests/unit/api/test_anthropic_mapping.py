@@ -8,6 +8,7 @@ import pytest
 
 from inferflux.api.anthropic.protocol import MessagesRequest
 from inferflux.api.anthropic.render import content_blocks, message_id
+from inferflux.api.images import ImageSet
 from inferflux.api.tools import ToolCall
 from inferflux.errors import InvalidRequest
 
@@ -79,9 +80,31 @@ def test_tool_choice_maps_to_the_shared_plan() -> None:
         )
 
 
+def test_image_blocks_become_markers_where_they_stand() -> None:
+    png = "iVBORw0KGgo="  # the PNG signature: enough for parsing (probing is the planner's)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    text = {"type": "text", "text": "Compare."}
+    images = ImageSet()
+    messages = body(messages=[{"role": "user", "content": [image, url, text]}]).template_messages(
+        images
+    )
+    marker = images.marker
+    assert messages == [{"role": "user", "content": f"{marker}{marker}Compare."}]
+    assert images.refs[0].data == b"\x89PNG\r\n\x1a\n"
+    assert images.refs[1].url == "https://example.com/a.png"
+    assert images.refs[1].param == "messages[0].content[1].source"
+    empty = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    with pytest.raises(InvalidRequest) as refused:
+        body(messages=[{"role": "user", "content": [empty]}]).template_messages(ImageSet())
+    assert refused.value.param == "messages[0].content[0].source"
+    with pytest.raises(InvalidRequest, match="image blocks belong in user turns"):
+        body(messages=[{"role": "assistant", "content": [image]}]).template_messages(ImageSet())
+
+
 def test_what_a_text_model_cannot_take_is_refused_by_name() -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
-    request = body(messages=[{"role": "user", "content": [image]}])
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
+    request = body(messages=[{"role": "user", "content": [document]}])
     with pytest.raises(InvalidRequest) as refused:
         request.check_supported()
     assert refused.value.param == "messages[0].content[0]"

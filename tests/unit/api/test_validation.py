@@ -43,6 +43,14 @@ CHAT_400 = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content[0].image_url.url",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "x": {}}]}]},
+        "messages[0].content[0]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
         "messages[0].content[0]",
     ),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0]"),

@@ -27,6 +27,7 @@ from inferflux.api.generation import (
     answer_model,
     respond,
 )
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.state import ContextDep, GenerationDep
 from inferflux.models.serving import ServingState
@@ -44,11 +45,12 @@ def messages_spec(body: MessagesRequest, serving: ServingState) -> GenerationSpe
     honour (`check_supported`), bad tools and a bad output schema."""
     body.check_supported()
     tools = body.tool_plan(serving.constraints.check_schema_bounds)
+    images = ImageSet()
+    messages = body.template_messages(images)
+    final = body.continues_final()
     return GenerationSpec(
         id_prefix="msg",
-        prompts=[
-            ChatPrompt(body.template_messages(), tools, continue_final=body.continues_final())
-        ],
+        prompts=[ChatPrompt(messages, tools, continue_final=final, images=images or None)],
         sampling=body.sampling_params,
         prompt_param="messages",
         max_tokens=body.max_tokens,

@@ -15,7 +15,7 @@ JSON types are a 400. Accepted and ignored: `metadata`, `service_tier`, `cache_c
 (the prefix cache is automatic), `inference_geo`, `speed`, `anthropic-version` (a
 header). `temperature`, `top_p` and `top_k` are honoured (the current SDK no longer sends
 them; older clients do). Refused with a
-400 naming the field: images and documents (text-only models), `thinking` when enabled,
+400 naming the field: documents, `thinking` when enabled,
 server tools (`web_search`, ...), `container`, `mcp_servers`.
 """
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from inferflux.api.generation.limits import check_stop_sequences
 from inferflux.api.generation.spec import JsonOutput
+from inferflux.api.images import ImageRef, ImageSet, base64_ref, url_ref
 from inferflux.api.tools.protocol import (
     FUNCTION_NAME_PATTERN,
     BoundsCheck,
@@ -77,15 +78,43 @@ class ToolResultBlock(_Strict):
         return "".join(block.text for block in self.content)
 
 
+class ImageSource(_Strict):
+    """An image block's source: `base64` (with `media_type`, which is not trusted: the
+    format is sniffed from the bytes) or `url`."""
+
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+    def image_ref(self, param: str) -> ImageRef:
+        """The image. Raises InvalidRequest for a source without its data or url, or a
+        malformed one."""
+        if self.type == "base64":
+            if self.data is None:
+                raise InvalidRequest("a base64 image source needs 'data'", param=param)
+            return base64_ref(self.data, param)
+        if self.url is None:
+            raise InvalidRequest("a url image source needs 'url'", param=param)
+        return url_ref(self.url, param)
+
+
+class ImageBlock(_Strict):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: JsonValue = None
+
+
 class UnsupportedBlock(_Strict):
-    """Blocks a text-only model cannot take (refused with a 400 naming them)."""
+    """Blocks this server cannot take (refused with a 400 naming them)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    type: Literal["image", "document", "thinking", "redacted_thinking", "search_result"]
+    type: Literal["document", "thinking", "redacted_thinking", "search_result"]
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock, Field(discriminator="type")
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -212,9 +241,10 @@ class MessagesRequest(_Strict):
         blocks = [] if isinstance(last.content, str) else last.content
         return last.role == "assistant" and all(isinstance(b, TextBlock) for b in blocks)
 
-    def template_messages(self) -> list[dict[str, object]]:
+    def template_messages(self, images: ImageSet | None = None) -> list[dict[str, object]]:
         """The conversation as the chat template sees it: the system prompt first, tool
-        uses as assistant `tool_calls`, tool results as `tool` messages."""
+        uses as assistant `tool_calls`, tool results as `tool` messages, image blocks as
+        markers where they stand, their images added to `images` (None: refused)."""
         out: list[dict[str, object]] = []
         system = self.system if isinstance(self.system, str) else None
         if isinstance(self.system, list):
@@ -223,7 +253,7 @@ class MessagesRequest(_Strict):
             out.append({"role": "system", "content": system})
         names: dict[str, str] = {}
         for index, message in enumerate(self.messages):
-            out += _turn(message, names, f"messages[{index}]")
+            out += _turn(message, names, f"messages[{index}]", images)
         return out
 
 
@@ -239,12 +269,30 @@ def _openai_choice(choice: ToolChoiceParam | None) -> ToolChoice | None:
     return NamedToolChoice.model_validate({"type": "function", "function": {"name": choice.name}})
 
 
-def _turn(message: MessageParam, names: dict[str, str], param: str) -> list[dict[str, object]]:
+def _text(message: MessageParam, param: str, images: ImageSet | None) -> str:
+    """The turn's text blocks joined, each image block as its marker where it stands."""
+    pieces = []
+    for position, block in enumerate(message.content):
+        if isinstance(block, TextBlock):
+            pieces.append(block.text)
+        elif isinstance(block, ImageBlock):
+            block_param = f"{param}.content[{position}].source"
+            if images is None:
+                raise InvalidRequest("images are not taken here", param=block_param)
+            if message.role != "user":
+                raise InvalidRequest("image blocks belong in user turns", param=block_param)
+            pieces.append(images.add(block.source.image_ref(block_param)))
+    return "".join(pieces)
+
+
+def _turn(
+    message: MessageParam, names: dict[str, str], param: str, images: ImageSet | None
+) -> list[dict[str, object]]:
     """One turn as template messages (a user turn with tool results becomes `tool`
     messages, then the user's text if any)."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
-    text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    text = _text(message, param, images)
     uses = [b for b in message.content if isinstance(b, ToolUseBlock)]
     results = [b for b in message.content if isinstance(b, ToolResultBlock)]
     if message.role == "assistant":

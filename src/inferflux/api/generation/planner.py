@@ -8,6 +8,11 @@ the context, and one `AddRequest` per choice: prompt p's choice j gets index p·
 its own seed and the compiled constraint. Also the model-name check every dialect
 answers with (`answer_model`). Raises before anything is queued: InvalidRequest (400),
 ContextLengthExceeded (400), PermissionDenied (403), ModelNotFound (404).
+
+Images (issue 28): a prompt's images are checked and probed (`api/images`) before it is
+tokenized; the rendered text is split where each image's marker stands, the pieces are
+tokenized one by one, and each image becomes an `ImageInput` at the token position it
+goes before. The image's own tokens are the worker's to count (it knows the mmproj).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import anyio
 import msgspec
@@ -29,15 +35,17 @@ from inferflux.api.generation.spec import (
     Prompt,
     TextPrompt,
 )
+from inferflux.api.images import ImageSet, resolve_images
 from inferflux.api.structured import OutputConstraint, grammar_constraint, schema_constraint
 from inferflux.api.telemetry import tokenize_span
 from inferflux.api.tools import ChatTools, plan_tools, tools_constraint
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
-from inferflux.engine.messages import AddRequest
+from inferflux.engine.messages import AddRequest, ImageInput
 from inferflux.engine.protocol import ModelInfo, Tokenizer
 from inferflux.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from inferflux.models.serving import ServingState
+from inferflux.observability.metrics import Metrics
 from inferflux.security.principal import Principal
 from inferflux.security.rbac import authorize_model
 
@@ -52,6 +60,13 @@ class Choice:
     index: int
     prompt_index: int
     request: AddRequest
+
+
+class PlannedPrompt(NamedTuple):
+    """A prompt's token ids and its images (each at the token position it goes before)."""
+
+    token_ids: list[int]
+    images: list[ImageInput] = []  # NOTE: never mutated
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +193,12 @@ async def compile_output(
 class Planner:
     """Plans requests for one model (`serving`) on behalf of one caller."""
 
-    def __init__(self, serving: ServingState, tracer: Tracer | None) -> None:
+    def __init__(
+        self, serving: ServingState, tracer: Tracer | None, metrics: Metrics | None = None
+    ) -> None:
         self.serving = serving
         self.tracer = tracer
+        self.metrics = metrics
 
     async def plan(self, spec: GenerationSpec) -> GenerationPlan:
         """The engine requests of `spec` (module docstring for what is checked)."""
@@ -202,34 +220,68 @@ class Planner:
         serving = self.serving
         return plan_tools(chat[0].messages, chat[0].tools, serving.chat_template, serving.tokenizer)
 
-    async def _tokens(self, prompt: Prompt, tools: ChatTools | None) -> list[int]:
+    async def _tokens(self, prompt: Prompt, tools: ChatTools | None) -> PlannedPrompt:
         serving = self.serving
-        tokenizer, tracer = serving.tokenizer, self.tracer
+        tokenizer = serving.tokenizer
         if isinstance(prompt, ChatPrompt):
             assert tools is not None  # NOTE: planned for every chat prompt
             context = prompt.context_token_ids
             check_token_ids(context, serving.model_info.n_vocab, "context")
             text = _render(serving.chat_template, tools, prompt.continue_final)
             add_special = _wants_bos(tokenizer, text, context)
-            return context + await tokenize(tokenizer, text, add_special=add_special, tracer=tracer)
+            return await self._pieces(text, context, add_special, prompt.images)
         if isinstance(prompt, TextPrompt):
             context = prompt.context_token_ids
             check_token_ids(context, serving.model_info.n_vocab, "context")
             wanted = prompt.add_special
             bos = _wants_bos(tokenizer, prompt.text, context) if wanted is None else wanted
-            return context + await tokenize(tokenizer, prompt.text, add_special=bos, tracer=tracer)
+            return await self._pieces(prompt.text, context, bos, prompt.images)
         check_token_ids(prompt.token_ids, serving.model_info.n_vocab, "prompt")
-        return prompt.token_ids
+        return PlannedPrompt(prompt.token_ids)
+
+    async def _pieces(
+        self, text: str, context: list[int], add_special: bool, images: ImageSet | None
+    ) -> PlannedPrompt:
+        """`context` + the tokens of `text`; with images, the text is tokenized piece by
+        piece between their markers and each image goes where its marker stood. Raises
+        InvalidRequest for an image refused (api/images) or a template that did not
+        render every image exactly once."""
+        serving, tracer = self.serving, self.tracer
+        tokenizer = serving.tokenizer
+        if not images:
+            tokens = await tokenize(tokenizer, text, add_special=add_special, tracer=tracer)
+            return PlannedPrompt(context + tokens)
+        settings = serving.settings.multimodal
+        resolved = await resolve_images(images.refs, settings, serving.model_info, self.metrics)
+        pieces = text.split(images.marker)
+        if len(pieces) != len(resolved) + 1:
+            raise InvalidRequest(
+                f"the model's chat template rendered {len(pieces) - 1} of the request's "
+                f"{len(resolved)} images; it must keep every message that carries one",
+                param=images.refs[0].param,
+            )
+        token_ids = list(context)
+        inputs: list[ImageInput] = []
+        for index, piece in enumerate(pieces):
+            if index:
+                image = resolved[index - 1]
+                inputs.append(
+                    ImageInput(sha256=image.sha256, data=image.data, position=len(token_ids))
+                )
+            if piece or index == 0:
+                bos = add_special and index == 0
+                token_ids += await tokenize(tokenizer, piece, add_special=bos, tracer=tracer)
+        return PlannedPrompt(token_ids, inputs)
 
     def _choices(
-        self, spec: GenerationSpec, prompts: list[list[int]], constraint: str | None
+        self, spec: GenerationSpec, prompts: list[PlannedPrompt], constraint: str | None
     ) -> list[Choice]:
         """Every choice of every prompt. Raises InvalidRequest (empty prompt, logit_bias
         outside the vocabulary) and ContextLengthExceeded."""
         info = self.serving.model_info
         response_id = f"{spec.id_prefix}-{uuid.uuid4().hex}"
         choices = []
-        for prompt_index, token_ids in enumerate(prompts):
+        for prompt_index, (token_ids, images) in enumerate(prompts):
             if not token_ids:
                 raise InvalidRequest("the prompt is empty", param=spec.prompt_param)
             sampling = spec.sampling(self._max_tokens(spec, len(token_ids)))
@@ -245,6 +297,7 @@ class Planner:
                     prompt_token_ids=token_ids,
                     sampling=choice_sampling,
                     priority=spec.priority,
+                    images=images,
                 )
                 choices.append(Choice(index, prompt_index, request))
         return choices

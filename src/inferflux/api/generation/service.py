@@ -259,8 +259,15 @@ class GenerationService:
     async def plan(
         self, serving: ServingState, spec: GenerationSpec, context: RequestContext
     ) -> GenerationPlan:
-        """`spec` planned over the leased model (planner.py); nothing is submitted."""
-        return await Planner(serving, self._telemetry.tracer).plan(spec)
+        """`spec` planned over the leased model (planner.py); nothing is submitted. The
+        images' SHA-256s go to the request's record (the audit event lists them)."""
+        planner = Planner(serving, self._telemetry.tracer, self._telemetry.metrics)
+        plan = await planner.plan(spec)
+        for choice in plan.choices:
+            for image in choice.request.images:
+                if image.sha256 not in context.record.image_sha256s:
+                    context.record.image_sha256s.append(image.sha256)
+        return plan
 
     async def start(
         self, serving: ServingState, spec: GenerationSpec, context: RequestContext

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from inferflux.api.images import ImageSet
 from inferflux.api.structured import GrammarSyntax
 from inferflux.api.tools import ToolPlan
 from inferflux.engine.messages import Priority, SamplingParams
@@ -32,6 +33,8 @@ class ChatPrompt:
     # the last message is an assistant turn to continue (Anthropic's prefill), not a
     # finished one: no generation prompt, and the text ends where its content ends
     continue_final: bool = False
+    # the images of the messages; each stands in a message's text as `images.marker`
+    images: ImageSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,8 @@ class TextPrompt:
     text: str
     add_special: bool | None = None
     context_token_ids: list[int] = field(default_factory=list)
+    # the images of the text; each stands in it as `images.marker`
+    images: ImageSet | None = None
 
 
 @dataclass(frozen=True, slots=True)

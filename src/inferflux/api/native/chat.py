@@ -1,7 +1,9 @@
 """POST /chat: messages for the model's chat template → the generation service → the
 native JSON response or SSE.
 
-Owns the route only; shapes live in `protocol.py`, the spec and the events in `render.py`.
+A user turn's `images` (base64 or data URIs) stand before its text (api/images; a model
+without an mmproj answers 400). Owns the route only; shapes live in `protocol.py`, the
+spec and the events in `render.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from starlette.responses import Response
 
 from inferflux.api.deps import json_body
 from inferflux.api.generation import ChatPrompt, Generation, answer_model, respond
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.native.generate import STREAM_OR_JSON
 from inferflux.api.native.protocol import (
@@ -44,7 +47,8 @@ async def chat(
     """A multi-turn conversation, rendered with the model's chat template; SSE or not."""
     created = int(time.time())
     model = answer_model(body.model, serving.model_info, context.caller)
-    prompt = ChatPrompt([message.model_dump() for message in body.messages])
+    images = ImageSet()
+    prompt = ChatPrompt(body.template_messages(images), images=images or None)
     spec = native_spec("chat", body, prompt, "messages")
 
     def build(outcome: Outcome) -> Response:

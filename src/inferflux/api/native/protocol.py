@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferflux.api.generation.limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from inferflux.api.generation.sampler_options import SamplerOptions
+from inferflux.api.images import ImageSet, base64_ref
 from inferflux.engine.messages import Priority, SamplingParams
+from inferflux.errors import InvalidRequest
 
 MAX_TOP_K = 2**31 - 1  # llama.cpp takes an int32
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -83,12 +85,33 @@ class NativeMessage(_Strict):
 
     role: Literal["system", "user", "assistant"]
     content: str
+    images: list[str] | None = Field(
+        None,
+        description="images of a user turn, each base64 or a data URI (data:image/png;"
+        "base64,...); they stand before the text. Only for a model with an mmproj",
+    )
 
 
 class NativeChatRequest(GenerationKnobs):
     """Body of POST /chat: the conversation is rendered with the model's chat template."""
 
     messages: list[NativeMessage] = Field(min_length=1)
+
+    def template_messages(self, images: ImageSet) -> list[dict[str, object]]:
+        """The messages as the chat template sees them; each image is added to `images`
+        and stands as its marker before its message's text. Raises InvalidRequest for an
+        image on a non-user turn or a malformed one."""
+        messages: list[dict[str, object]] = []
+        for index, message in enumerate(self.messages):
+            content = message.content
+            if message.images:
+                param = f"messages[{index}].images"
+                if message.role != "user":
+                    raise InvalidRequest("only user messages may carry images", param=param)
+                refs = [base64_ref(item, f"{param}[{i}]") for i, item in enumerate(message.images)]
+                content = "\n".join([*(images.add(ref) for ref in refs), content])
+            messages.append({"role": message.role, "content": content})
+        return messages
 
 
 class NativeUsage(_Strict):

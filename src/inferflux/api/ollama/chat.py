@@ -6,9 +6,10 @@ With `tools`, the model may call them (`api/tools/`): calls come back as
 `message.tool_calls: [{id, function: {index, name, arguments: {...}}}]`, streamed as one
 line per completed call, never as `<tool_call>` text (the service parses them). `format`
 ("json" or a JSON schema) constrains the output (`protocol.format_output`); with `tools`
-it is a 400. Refused with a 400: `images` (text-only models). An empty `messages` list is
-Ollama's load request (`done_reason` "load", or "unload" with `keep_alive: 0`: the model
-unloads once idle unless it is the default).
+it is a 400. A user message's `images` (base64) stand before its text (api/images: a
+model without an mmproj answers 400, as do malformed and oversized images). An empty
+`messages` list is Ollama's load request (`done_reason` "load", or "unload" with
+`keep_alive: 0`: the model unloads once idle unless it is the default).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import Response
 
 from inferflux.api.deps import json_body
 from inferflux.api.generation import ChatPrompt, ChoiceResult, Part, Timings, respond
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.ollama.generate import keep_alive, load_response, ollama_spec
 from inferflux.api.ollama.models import resolve_model
@@ -103,9 +105,11 @@ async def chat(
     """Ollama's chat: NDJSON unless `stream` is false."""
     model = resolve_model(body.model, serving.model_info, context.caller)
     keep_alive(models, serving, body.keep_alive_s())
-    messages = with_system(body.template_messages(), serving.system)
+    images = ImageSet()
+    messages = with_system(body.template_messages(images), serving.system)
     tools = body.tool_plan(serving.constraints.check_schema_bounds)
-    spec = ollama_spec("ollama-chat", body, ChatPrompt(messages, tools), serving, "messages")
+    prompt = ChatPrompt(messages, tools, images=images or None)
+    spec = ollama_spec("ollama-chat", body, prompt, serving, "messages")
     if not messages:
         return json_response(load_response(model, body.keep_alive_s(), message=True))
     renderer = OllamaRenderer(ChatShape(model), logprobs=body.num_logprobs() is not None)

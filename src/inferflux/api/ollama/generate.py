@@ -5,7 +5,8 @@ after any `context` token ids), the generate object shape (`response`, and `cont
 the last object: the prompt's token ids followed by every generated token id, so a client
 can continue from it), and the load/unload answers for an empty prompt.
 
-Refused with a 400: `images` (text-only models), `suffix` (no fill-in-the-middle),
+`images` (base64) stand before the prompt's text (api/images: a model without an mmproj
+answers 400). Refused with a 400: `suffix` (no fill-in-the-middle),
 `template` (Ollama's Go templates; InferFlux renders the model's Jinja chat template).
 `format` ("json" or a JSON schema) constrains the output (`protocol.format_constraint`).
 `think` is ignored.
@@ -33,6 +34,7 @@ from inferflux.api.generation import (
     respond,
     text_of,
 )
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.ollama.models import resolve_model
 from inferflux.api.ollama.protocol import (
@@ -41,6 +43,7 @@ from inferflux.api.ollama.protocol import (
     format_output,
     requested_max_tokens,
     sampling_params,
+    with_images,
     with_model_defaults,
 )
 from inferflux.api.ollama.render import (
@@ -132,8 +135,6 @@ def keep_alive(models: ModelDirectory, serving: ServingState, seconds: float | N
 
 def check_supported(body: OllamaGenerateRequest) -> None:
     """400 for the generate parameters InferFlux cannot honour (module docstring)."""
-    if body.images:
-        raise InvalidRequest("images are not supported: this model reads text only", param="images")
     if body.suffix:
         raise InvalidRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
     if body.template:
@@ -151,14 +152,17 @@ def generate_prompt(body: OllamaGenerateRequest, model_system: str | None = None
     start with it."""
     context = list(body.context or [])
     text = body.prompt or ""
+    images = ImageSet()
+    if body.images:
+        text = with_images(text, body.images, "images", images)
     if body.raw:
-        return TextPrompt(text, context_token_ids=context)
+        return TextPrompt(text, context_token_ids=context, images=images or None)
     messages: list[dict[str, object]] = []
     system = body.system or model_system
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
-    return ChatPrompt(messages, context_token_ids=context)
+    return ChatPrompt(messages, context_token_ids=context, images=images or None)
 
 
 GenerateServing = Annotated[ServingState, Depends(serving_for(OllamaGenerateRequest))]
@@ -179,7 +183,7 @@ async def generate(
     check_supported(body)
     prompt = generate_prompt(body, serving.system)
     spec = ollama_spec("ollama-gen", body, prompt, serving, "prompt")
-    if not body.prompt:
+    if not body.prompt and not body.images:
         return json_response(load_response(model, body.keep_alive_s(), message=False))
     renderer = OllamaRenderer(GenerateShape(model), logprobs=body.num_logprobs() is not None)
     start = generation.start(serving, spec, context)

@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 from inferflux.api.generation.limits import check_stop_sequences
 from inferflux.api.generation.sampler_options import SamplerOptions
 from inferflux.api.generation.spec import JsonOutput, OutputSpec
+from inferflux.api.images import ImageSet, base64_ref
 from inferflux.api.tools.parser import new_call_id
 from inferflux.api.tools.protocol import BoundsCheck, ToolDefinition, ToolPlan, resolve_tools
 from inferflux.config.manifest import ModelParameters
@@ -274,8 +275,18 @@ class OllamaMessage(_Body):
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
 
-    def for_template(self) -> dict[str, object]:
-        message: dict[str, object] = {"role": self.role, "content": self.content or ""}
+    def for_template(
+        self, param: str = "messages", images: ImageSet | None = None
+    ) -> dict[str, object]:
+        """The message as the chat template sees it; its `images` (base64) go into
+        `images` and stand before its text as markers. Raises InvalidRequest for images
+        where none are taken (`images` None), on a non-user message, or malformed."""
+        content = self.content or ""
+        if self.images:
+            content = with_images(content, self.images, f"{param}.images", images)
+            if self.role != "user":
+                raise InvalidRequest("only user messages may carry images", param=f"{param}.images")
+        message: dict[str, object] = {"role": self.role, "content": content}
         if self.tool_name is not None:
             message["name"] = self.tool_name
         if self.tool_calls:
@@ -295,22 +306,31 @@ class OllamaChatRequest(GenerationBody):
         (`check_bounds`: the size and depth limits of parameter schemas)."""
         return resolve_tools(self.tools, None, None, check_bounds=check_bounds)
 
-    def template_messages(self) -> list[dict[str, object]]:
-        """Messages as the chat template sees them; InvalidRequest for images and for
-        tool calls on a non-assistant message."""
+    def template_messages(self, images: ImageSet | None = None) -> list[dict[str, object]]:
+        """Messages as the chat template sees them, their images added to `images` (None:
+        images are refused); InvalidRequest for a bad image and for tool calls on a
+        non-assistant message."""
         messages = self.messages or []
         for index, message in enumerate(messages):
-            if message.images:
-                raise InvalidRequest(
-                    "images are not supported: this model reads text only",
-                    param=f"messages[{index}].images",
-                )
             if message.tool_calls and message.role != "assistant":
                 raise InvalidRequest(
                     "only assistant messages may carry tool_calls",
                     param=f"messages[{index}].tool_calls",
                 )
-        return [message.for_template() for message in messages]
+        return [
+            message.for_template(f"messages[{index}]", images)
+            for index, message in enumerate(messages)
+        ]
+
+
+def with_images(text: str, encoded: list[str], param: str, images: ImageSet | None) -> str:
+    """`text` with a marker per image of `encoded` (Ollama's base64 list) before it, each
+    image added to `images`. Raises InvalidRequest for malformed base64, or for any image
+    when `images` is None (not taken here)."""
+    if images is None:
+        raise InvalidRequest("images are not taken here", param=param)
+    markers = [images.add(base64_ref(item, f"{param}[{i}]")) for i, item in enumerate(encoded)]
+    return "\n".join([*markers, text]) if text else "\n".join(markers)
 
 
 class OllamaShowRequest(_Body):

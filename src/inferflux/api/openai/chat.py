@@ -29,6 +29,7 @@ from inferflux.api.generation import (
     respond,
     text_of,
 )
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.openai.chat_tools import ToolChatChoice, resolve_chat_tools
 from inferflux.api.openai.compat import reject_unsupported
@@ -84,8 +85,10 @@ def chat_spec(body: ChatCompletionRequest, serving: ServingState) -> GenerationS
     """The request in the service's terms. Raises InvalidRequest for bad tools (their
     parameter schemas held to the `structured_output.*` bounds) and a bad constraint."""
     tools = resolve_chat_tools(body, serving.constraints)
+    images = ImageSet()
+    messages = body.template_messages(images)
     return body.generation_spec(
-        "chatcmpl", [ChatPrompt(body.template_messages(), tools)], "messages"
+        "chatcmpl", [ChatPrompt(messages, tools, images=images or None)], "messages"
     )
 
 

@@ -39,6 +39,7 @@ from inferflux.api.generation.spec import (
     OutputSpec,
     Prompt,
 )
+from inferflux.api.images import ImageRef, ImageSet, url_ref
 from inferflux.api.tools.protocol import AssistantToolCall, ToolChoice, ToolDefinition
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
@@ -106,32 +107,51 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # accepted, ignored (we add no obfuscation)
 
 
+class ImageUrl(_Strict):
+    """An `image_url` part's image: a data URI or an http(s) URL (api/images)."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the mmproj decides
+
+
 class ContentPart(BaseModel):
-    """One part of a message's content array; only `text` parts are supported."""
+    """One part of a message's content array: `text` or `image_url`."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | str | None = None  # a bare string: the url (vLLM takes it too)
 
     @model_validator(mode="after")
-    def _only_text(self) -> Self:
-        if self.type != "text":
+    def _known_part(self) -> Self:
+        if self.type not in ("text", "image_url"):
             raise PydanticCustomError(
                 "unsupported_content_part",
-                "content part type '{part_type}' is not supported; only 'text' parts are "
-                "(this model reads text only)",
-                {"part_type": self.type},
+                "content part type '{part_type}' is not supported; 'text' and 'image_url' "
+                "parts are",
+                {"part_type": str(self.type)[:64]},
             )
-        if self.text is None:
+        if self.type == "text" and (self.text is None or self.image_url is not None):
             raise PydanticCustomError("missing_text", "a 'text' content part needs a 'text' string")
+        if self.type == "image_url" and (self.image_url is None or self.text is not None):
+            raise PydanticCustomError(
+                "missing_image_url",
+                "an 'image_url' content part needs an 'image_url' object with a 'url'",
+            )
         if self.model_extra:
             raise PydanticCustomError(
                 "unknown_part_field",
-                "unrecognized field '{name}' in a 'text' content part",
-                {"name": next(iter(self.model_extra))},
+                "unrecognized field '{name}' in a '{part_type}' content part",
+                {"name": next(iter(self.model_extra))[:64], "part_type": self.type},
             )
         return self
+
+    def image_ref(self, param: str) -> ImageRef:
+        """This `image_url` part's image. Raises InvalidRequest for a malformed URL."""
+        image = self.image_url
+        url = image.url if isinstance(image, ImageUrl) else str(image)
+        return url_ref(url, f"{param}.image_url")
 
 
 class ChatMessage(_Strict):
@@ -150,20 +170,36 @@ class ChatMessage(_Strict):
             )
         return self
 
-    def text(self) -> str:
-        """The content as one string (text parts joined by newlines)."""
+    def text(self, param: str = "messages", images: ImageSet | None = None) -> str:
+        """The content as one string (parts joined by newlines); an `image_url` part
+        becomes `images.marker`, its image added to `images`. Raises InvalidRequest for an
+        image without `images` (where images are not taken) or with a malformed URL."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text or "" for part in self.content)
+        texts = []
+        for index, part in enumerate(self.content):
+            if part.type != "image_url":
+                texts.append(part.text or "")
+                continue
+            part_param = f"{param}.content[{index}]"
+            if images is None:
+                raise InvalidRequest("images are not taken here", param=part_param)
+            if self.role != "user":
+                raise InvalidRequest("only user messages may carry images", param=part_param)
+            texts.append(images.add(part.image_ref(part_param)))
+        return "\n".join(texts)
 
-    def for_template(self, param: str = "messages") -> dict[str, object]:
+    def for_template(
+        self, param: str = "messages", images: ImageSet | None = None
+    ) -> dict[str, object]:
         """The message as a chat template sees it (`developer` renders as `system`;
-        `tool_calls` in Hugging Face's shape, arguments as objects). Raises InvalidRequest
-        for tool calls on a non-assistant message or arguments that are not JSON objects."""
+        `tool_calls` in Hugging Face's shape, arguments as objects; images as
+        `ChatMessage.text` says). Raises InvalidRequest for tool calls on a non-assistant
+        message, arguments that are not JSON objects, or a refused image part."""
         role = "system" if self.role == "developer" else self.role
-        message: dict[str, object] = {"role": role, "content": self.text()}
+        message: dict[str, object] = {"role": role, "content": self.text(param, images)}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:
@@ -194,9 +230,12 @@ def _template_call(call: AssistantToolCall, param: str) -> dict[str, object]:
     return {"id": call.id, "type": "function", "function": function}
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
-    """Messages as the chat template sees them (see `ChatMessage.for_template`)."""
-    return [message.for_template(f"messages[{i}]") for i, message in enumerate(messages)]
+def template_messages(
+    messages: list[ChatMessage], images: ImageSet | None = None
+) -> list[dict[str, object]]:
+    """Messages as the chat template sees them (see `ChatMessage.for_template`); image
+    parts go into `images` (None: they are refused)."""
+    return [message.for_template(f"messages[{i}]", images) for i, message in enumerate(messages)]
 
 
 class GenerationRequest(_Strict, SamplerOptions):
@@ -383,9 +422,9 @@ class ChatCompletionRequest(GenerationRequest):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def template_messages(self) -> list[dict[str, object]]:
+    def template_messages(self, images: ImageSet | None = None) -> list[dict[str, object]]:
         """Messages as the chat template sees them (see `ChatMessage.for_template`)."""
-        return template_messages(self.messages)
+        return template_messages(self.messages, images)
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]

@@ -12,10 +12,11 @@ template's messages (`template_messages`).
 Strict like the other dialects: unknown fields and wrong JSON types are a 400 naming the
 field. Accepted and ignored: `user`, `safety_identifier`, `prompt_cache_key` (the prefix
 cache is automatic), `service_tier`, `stream_options`, `text.verbosity`. Refused with a 400
-naming the field: images, files and audio (text-only models), reasoning items and a
+naming the field: files and audio, reasoning items and a
 `reasoning` effort, built-in tools (`web_search`, `file_search`, ...), `background`,
 `conversation`, `prompt` templates, `truncation: "auto"`, `include`, `top_logprobs`,
-`max_tool_calls`.
+`max_tool_calls`. A user message's `input_image` parts (`image_url`: a data URI or an
+http(s) URL) stand where they are (api/images; a model without an mmproj answers 400).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, TypeAdapter
 
 from inferflux.api.generation.spec import JsonOutput
+from inferflux.api.images import ImageRef, ImageSet, url_ref
 from inferflux.api.tools.protocol import (
     FUNCTION_NAME_PATTERN,
     BoundsCheck,
@@ -66,15 +68,36 @@ class Refusal(_Strict):
     refusal: str
 
 
+class InputImage(_Strict):
+    """An image of a user message: `image_url` a data URI or an http(s) URL (api/images);
+    `file_id` (the Files API) is refused, this server keeps no files."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the mmproj decides
+
+    def image_ref(self, param: str) -> ImageRef:
+        """The image. Raises InvalidRequest for a file_id, no image_url or a bad one."""
+        if self.image_url is None:
+            raise InvalidRequest(
+                "an input_image needs an image_url (a data URI or an http(s) URL); "
+                "file_id is not supported",
+                param=f"{param}.image_url",
+            )
+        return url_ref(self.image_url, f"{param}.image_url")
+
+
 class UnsupportedContent(_Strict):
-    """Content a text-only model cannot take (a 400 naming it)."""
+    """Content this server cannot take (a 400 naming it)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
 
 Content = Annotated[
-    InputText | OutputText | Refusal | UnsupportedContent, Field(discriminator="type")
+    InputText | InputImage | OutputText | Refusal | UnsupportedContent,
+    Field(discriminator="type"),
 ]
 
 
@@ -85,10 +108,24 @@ class MessageItem(_Strict):
     id: str | None = None
     status: str | None = None
 
-    def text(self) -> str:
+    def text(self, param: str = "input", images: ImageSet | None = None) -> str:
+        """The content as one string; an input_image becomes `images.marker`, its image
+        added to `images`. Raises InvalidRequest for an image where none are taken
+        (`images` None), on a non-user message, or a malformed one."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(_content_text(part) for part in self.content)
+        pieces = []
+        for position, part in enumerate(self.content):
+            if not isinstance(part, InputImage):
+                pieces.append(_content_text(part))
+                continue
+            part_param = f"{param}.content[{position}]"
+            if images is None:
+                raise InvalidRequest("images are not taken here", param=part_param)
+            if self.role != "user":
+                raise InvalidRequest("only user messages may carry images", param=part_param)
+            pieces.append(images.add(part.image_ref(part_param)))
+        return "".join(pieces)
 
 
 def _content_text(part: InputText | OutputText | Refusal | UnsupportedContent) -> str:
@@ -348,19 +385,25 @@ def _check_item(item: ConversationItem | UnsupportedItem, param: str) -> None:
 
 
 def template_messages(
-    instructions: str | None, items: list[ConversationItem]
+    instructions: str | None,
+    items: list[ConversationItem],
+    images: ImageSet | None = None,
+    first_input: int = 0,
 ) -> list[dict[str, object]]:
     """The conversation as the chat template sees it: `instructions` as the system prompt,
     `developer` messages as `system`, function calls as the assistant turn's `tool_calls`
-    and their outputs as `tool` messages."""
+    and their outputs as `tool` messages, images as `MessageItem.text` says. `items[k]`
+    is this request's `input[k - first_input]` (earlier ones are stored history)."""
     out: list[dict[str, object]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     names: dict[str, str] = {}
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": item.text()})
+            where = index - first_input
+            param = f"input[{where}]" if where >= 0 else "previous_response_id"
+            out.append({"role": role, "content": item.text(param, images)})
         elif isinstance(item, FunctionCallItem):
             names[item.call_id] = item.name
             call = {"id": item.call_id, "type": "function", "function": _function(item)}

@@ -26,6 +26,7 @@ from inferflux.api.generation import (
     answer_model,
     respond,
 )
+from inferflux.api.images import ImageSet
 from inferflux.api.model_lease import serving_for
 from inferflux.api.response_store import ResponseStore, StoredResponse, owner_of
 from inferflux.api.responses.protocol import (
@@ -92,11 +93,14 @@ def responses_spec(
     """The request in the service's terms. Raises InvalidRequest for what it cannot
     honour (`check_supported`), bad tools and a bad output schema."""
     body.check_supported()
-    items = [*stored_items(history), *body.checked_input()]
+    stored = stored_items(history)
+    items = [*stored, *body.checked_input()]
     tools = body.tool_plan(serving.constraints.check_schema_bounds)
+    images = ImageSet()
+    messages = template_messages(body.instructions, items, images, len(stored))
     return GenerationSpec(
         id_prefix="resp",
-        prompts=[ChatPrompt(template_messages(body.instructions, items), tools)],
+        prompts=[ChatPrompt(messages, tools, images=images or None)],
         sampling=body.sampling_params,
         prompt_param="input",
         max_tokens=body.max_output_tokens,
