@@ -117,7 +117,7 @@ class WorkerConfig:
     cpu_fallback_reason: str | None = None  # set: the API process restarts this one on CPU
     mmproj: str = ""  # the model's multimodal projector (images in); "" = text only
     mmproj_sha256: str = ""  # checked before libmtmd reads the file; "" = no check
-    image_max_pixels: int = 33_177_600  # multimodal.max_pixels: refused before decoding
+    image_max_pixels: int = 33_177_600  # multimodal.max_pixels (decode refuses more)
 
 
 def worker_config(
@@ -173,6 +173,7 @@ def worker_config(
         fault_gpu_init=runtime.fault_gpu_init,
         mmproj=model_info.mmproj,
         mmproj_sha256=model_info.mmproj_sha256,
+        image_max_pixels=settings.multimodal.max_pixels,
     )
 
 

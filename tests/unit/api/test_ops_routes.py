@@ -39,6 +39,7 @@ async def test_models_list(client: httpx.AsyncClient) -> None:
                 "object": "model",
                 "created": 1_700_000_000,
                 "owned_by": "inferflux",
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                 "meta": {
                     "architecture": "llama",
                     "n_ctx": 256,
@@ -53,6 +54,7 @@ async def test_models_list(client: httpx.AsyncClient) -> None:
                     "is_moe": False,
                     "n_experts": 0,
                     "n_active_experts": 0,
+                    "capabilities": ["completion"],
                     "aliases": [],
                     "loaded": True,
                     "default": True,

@@ -1,0 +1,249 @@
+"""Images in, end to end, through a real `inferflux serve --model vision`.
+
+The model is SmolLM2-135M-Instruct with the demo mmproj (models/demo_vision.py): a tiny
+deterministic idefics3-shaped vision tower, not a trained one. So these tests check the
+path a real vision model takes (parsing, fetching, the worker's libmtmd encode, image rows
+decoded as embeddings in the continuous batch, KV keyed by the image) and what can be told
+from outside: the image changes the answer, the same image reuses its KV, a different one
+does not. They never check what the model "sees".
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+from PIL import Image
+
+from tests.integration.server_process import ServerProcess
+
+pytestmark = [pytest.mark.model, pytest.mark.server]
+
+QUESTION = "What is in this picture?"
+
+
+def png(color: tuple[int, int, int], size: int = 96) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), color).save(out, format="PNG")
+    return out.getvalue()
+
+
+RED, BLUE = png((220, 30, 30)), png((30, 30, 220))
+
+
+def data_uri(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
+def image_message(url: str, text: str = QUESTION) -> list[dict[str, object]]:
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+    return [{"role": "user", "content": content}]
+
+
+class _Images(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = {"/red.png": RED, "/blue.png": BLUE}.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder: Path = tmp_path_factory.mktemp("vision")
+    env = {
+        "INFERFLUX_MULTIMODAL__ALLOW_URLS": "true",
+        "INFERFLUX_MULTIMODAL__URL_ALLOWLIST": '["127.0.0.1"]',
+    }
+    server = ServerProcess("--model", "vision", env=env, log_path=folder / "server.log")
+    try:
+        server.wait_ready(timeout_s=240)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def http_client(vision: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=vision.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sdk(vision: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{vision.url}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(http_client: httpx.Client) -> str:
+    return str(http_client.get("/v1/models").json()["data"][0]["id"])
+
+
+def chat(sdk: openai.OpenAI, model: str, messages: list[dict[str, object]]):  # noqa: ANN201
+    return sdk.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=0  # type: ignore[arg-type]
+    )
+
+
+def test_a_data_uri_image_through_the_openai_sdk(sdk: openai.OpenAI, model: str) -> None:
+    with_image = chat(sdk, model, image_message(data_uri(RED)))
+    text_only = chat(sdk, model, [{"role": "user", "content": QUESTION}])
+    assert with_image.choices[0].message.content
+    assert with_image.usage and text_only.usage
+    # the image's tokens count as prompt tokens, as OpenAI counts them
+    assert with_image.usage.prompt_tokens > text_only.usage.prompt_tokens + 8
+
+
+def test_the_image_changes_the_answer(sdk: openai.OpenAI, model: str) -> None:
+    red = chat(sdk, model, image_message(data_uri(RED), "Say one word."))
+    again = chat(sdk, model, image_message(data_uri(RED), "Say one word."))
+    assert red.choices[0].message.content == again.choices[0].message.content  # greedy
+    answers = {
+        chat(sdk, model, image_message(data_uri(png(c)), "Say one word.")).choices[0]
+        for c in ((0, 0, 0), (255, 255, 255), (30, 200, 30))
+    }
+    texts = {a.message.content for a in answers} | {red.choices[0].message.content}
+    assert len(texts) > 1, texts  # the embeddings reach the model
+
+
+def test_the_same_image_reuses_its_kv_and_another_does_not(
+    http_client: httpx.Client, model: str
+) -> None:
+    def cached(data: bytes) -> tuple[int, int]:
+        body = {
+            "model": model,
+            "messages": image_message(data_uri(data), "Describe it in detail, please."),
+            "max_tokens": 2,
+        }
+        usage = http_client.post("/v1/chat/completions", json=body).json()["usage"]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+    picture = png((123, 45, 67))
+    prompt_tokens, _ = cached(picture)
+    _, hit = cached(picture)
+    _, other = cached(png((67, 45, 123)))
+    assert hit >= prompt_tokens - 16  # all but the last block: the image's KV was reused
+    assert other < hit - 8  # another image stops the match where the images start
+
+
+def test_a_url_image_from_a_loopback_server(
+    sdk: openai.OpenAI, model: str, image_server: str
+) -> None:
+    """Loopback is refused unless allow-listed: this server allow-lists 127.0.0.1."""
+    by_url = chat(sdk, model, image_message(f"{image_server}/blue.png"))
+    by_data = chat(sdk, model, image_message(data_uri(BLUE)))
+    assert by_url.choices[0].message.content == by_data.choices[0].message.content
+
+
+def test_the_ollama_client_sends_images(vision: ServerProcess, model: str) -> None:
+    with ollama.Client(host=vision.url, timeout=120) as client:
+        options = {"temperature": 0, "num_predict": 8}
+        message = {"role": "user", "content": QUESTION, "images": [RED]}
+        chat_answer = client.chat(model=model, messages=[message], options=options)
+        assert chat_answer.message.content
+        generated = client.generate(model=model, prompt=QUESTION, images=[RED], options=options)
+        assert generated.response
+        show = client.show(model)
+        assert "vision" in (show.capabilities or [])
+
+
+def test_image_and_text_requests_decode_together(
+    http_client: httpx.Client, sdk: openai.OpenAI, model: str
+) -> None:
+    """A text stream keeps producing tokens while image requests come and go."""
+    before = http_client.get("/server/stats").json()["workers"][0]["images"]
+    stamps: list[float] = []
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Write a long essay about the history of Rome."}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+    }
+
+    def stream_text() -> None:
+        with http_client.stream("POST", "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.monotonic())
+
+    with ThreadPoolExecutor(2) as pool:
+        text = pool.submit(stream_text)
+        while len(stamps) < 5:
+            time.sleep(0.01)
+        started = time.monotonic()
+        for index in range(3):
+            chat(sdk, model, image_message(data_uri(png((index * 80, 10, 10)))))
+        ended = time.monotonic()
+        text.result(timeout=120)
+    assert any(started < s < ended for s in stamps)  # tokens while images were served
+    after = http_client.get("/server/stats").json()["workers"][0]["images"]
+    assert after["num_images_total"] >= before["num_images_total"] + 3
+    assert after["num_preparing"] == 0
+
+
+def test_metrics_count_images(http_client: httpx.Client) -> None:
+    text = http_client.get("/metrics").text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("inferflux_multimodal_")
+    }
+    assert values["inferflux_multimodal_images_total"] > 0
+    assert values["inferflux_multimodal_requests_total"] > 0
+    assert values["inferflux_multimodal_worker_images_total"] > 0
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("data:image/png;base64,@@@", "base64"),
+        (data_uri(b"this is not an image"), "image"),
+        ("file:///etc/passwd", "http"),
+        ("http://169.254.169.254/latest/meta-data", "169.254.169.254"),
+    ],
+    ids=["bad base64", "not an image", "file url", "metadata address"],
+)
+def test_bad_images_are_400s(http_client: httpx.Client, model: str, url: str, words: str) -> None:
+    body = {"model": model, "messages": image_message(url), "max_tokens": 2}
+    response = http_client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert words in error["message"], error["message"]
+
+
+def test_the_audit_and_debug_records_carry_hashes_not_bytes(http_client: httpx.Client) -> None:
+    digest = hashlib.sha256(RED).hexdigest()
+    recent = http_client.get("/debug/requests").text
+    assert base64.b64encode(RED).decode()[:40] not in recent
+    assert digest in recent or "sha256" in recent
