@@ -77,6 +77,9 @@ class ChoiceResult:
     stop_sequence: str | None = None  # the stop string that ended it (STOP_SEQUENCE)
     num_draft_tokens: int = 0  # speculative decoding: tokens drafted
     num_draft_accepted: int = 0  # of those, accepted into the output
+    # the prompt's tokens as the worker counted them: with images, their tokens too (the
+    # API knows only the text's); 0 = not reported
+    num_engine_prompt_tokens: int = 0
 
     @property
     def index(self) -> int:
@@ -84,7 +87,7 @@ class ChoiceResult:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.choice.request.prompt_token_ids)
+        return max(len(self.choice.request.prompt_token_ids), self.num_engine_prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ class ChoiceRun:
         self.token_ids: list[int] = []
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.num_engine_prompt_tokens = 0  # the prompt as the worker ran it (with images)
         self.draft = (0, 0)  # speculative decoding: drafted, accepted
         self.first_token_ns: int | None = None
         self.stop_sequence: str | None = None
@@ -98,6 +99,8 @@ class ChoiceRun:
             self.num_output_tokens = delta.num_output_tokens
         if delta.num_cached_tokens > self.num_cached_tokens:
             self.num_cached_tokens = delta.num_cached_tokens
+        if delta.num_prompt_tokens > self.num_engine_prompt_tokens:  # images: the worker's
+            self.num_engine_prompt_tokens = delta.num_prompt_tokens
         entries = self.aligner.push(delta) if self.logprobs else _NO_ENTRIES
         if self.keep or self.output is not None:
             self.texts.append(text)
@@ -135,6 +138,7 @@ class ChoiceRun:
             stop_sequence=self.stop_sequence,
             num_draft_tokens=self.draft[0],
             num_draft_accepted=self.draft[1],
+            num_engine_prompt_tokens=self.num_engine_prompt_tokens,
         )
         return ChoiceClosed(rest, self.result)
 
