@@ -87,6 +87,7 @@ class ChoiceRun:
             check_delta(delta)
             self.stop_sequence = delta.stop_sequence
             self.draft = (delta.num_draft_tokens, delta.num_draft_accepted)  # totals
+            self.num_engine_prompt_tokens = delta.num_prompt_tokens  # with images' tokens
         text = delta.text
         self.last_delta_ns = now = time.monotonic_ns()
         if delta.token_ids:
@@ -99,8 +100,6 @@ class ChoiceRun:
             self.num_output_tokens = delta.num_output_tokens
         if delta.num_cached_tokens > self.num_cached_tokens:
             self.num_cached_tokens = delta.num_cached_tokens
-        if delta.num_prompt_tokens > self.num_engine_prompt_tokens:  # images: the worker's
-            self.num_engine_prompt_tokens = delta.num_prompt_tokens
         entries = self.aligner.push(delta) if self.logprobs else _NO_ENTRIES
         if self.keep or self.output is not None:
             self.texts.append(text)
