@@ -13,9 +13,9 @@ from tests.unit.cli.test_serve import run_cli
 
 
 def test_model_vision_is_the_default_model_with_the_demo_mmproj(monkeypatch, tmp_path) -> None:
-    # NOTE: models/demo_vision.py (built in parallel) stands replaced until the merge.
+    # the demo file itself (models/demo_vision.py) is built and tested elsewhere
     demo = tmp_path / "demo.mmproj.gguf"
-    monkeypatch.setattr(serve, "_demo_mmproj_path", lambda: lambda: demo)
+    monkeypatch.setattr(serve, "_demo_mmproj_path", lambda: demo)
     monkeypatch.chdir(tmp_path)
     assert serve._model_overrides("vision", None, None) == {
         "model.path": str(default_model_path()),
