@@ -24,6 +24,7 @@ from tests.mmproj_header import sha256_hex, write_projector_header
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
+
 def _demo_vision():  # noqa: ANN202 (the module)
     from inferflux.models import demo_vision
 

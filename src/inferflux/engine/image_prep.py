@@ -141,12 +141,21 @@ class ImagePreparer:
     cores a step would; one image at a time keeps a step's share predictable)."""
 
     def __init__(
-        self, encoder: VisionEncoder, *, mmproj_id: str, max_pixels: int, rows: ImageRows
+        self,
+        encoder: VisionEncoder,
+        *,
+        mmproj_id: str,
+        max_pixels: int,
+        rows: ImageRows,
+        max_chunk_rows: int = _MAX_ROWS - 1,
     ) -> None:
+        """`max_chunk_rows`: the most rows one image chunk may have here (the backend's
+        `max_image_rows`: a batch, or a ubatch for a non-causal tower)."""
         self.encoder = encoder
         self.rows = rows
         self._mmproj_id = mmproj_id
         self._max_pixels = max_pixels
+        self._max_chunk_rows = min(max_chunk_rows, _MAX_ROWS - 1)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="images")
         self._pending: dict[str, tuple[AddRequest, Future[PreparedPrompt]]] = {}
         self._layouts: OrderedDict[str, _Layout] = OrderedDict()  # image thread only
@@ -255,8 +264,12 @@ class ImagePreparer:
             if isinstance(segment, tuple):
                 layout.append((segment, len(segment)))
                 continue
-            if len(segment.embeddings) >= _MAX_ROWS:
-                raise ImagePromptError("an image takes too many tokens for this engine")
+            if len(segment.embeddings) > self._max_chunk_rows:
+                raise ImagePromptError(
+                    f"an image chunk takes {len(segment.embeddings)} tokens; this server "
+                    f"decodes at most {self._max_chunk_rows} at once "
+                    "(scheduler.max_batch_tokens)"
+                )
             key = self._key(sha256, index)
             self.rows.add(key, segment.embeddings)
             layout.append((key, len(segment.embeddings)))

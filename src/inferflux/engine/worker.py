@@ -314,7 +314,11 @@ def _image_preparer(
     stat = os.stat(config.mmproj)
     mmproj_id = config.mmproj_sha256 or f"{config.mmproj}:{stat.st_size}:{stat.st_mtime_ns}"
     return ImagePreparer(
-        encoder, mmproj_id=mmproj_id, max_pixels=config.image_max_pixels, rows=rows
+        encoder,
+        mmproj_id=mmproj_id,
+        max_pixels=config.image_max_pixels,
+        rows=rows,
+        max_chunk_rows=backend.max_image_rows,
     )
 
 

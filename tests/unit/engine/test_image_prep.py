@@ -166,3 +166,17 @@ def test_a_prompt_cannot_end_with_an_image() -> None:
     ((_, reason),) = prep.done(5.0)
     prep.close()
     assert reason == "the prompt cannot end with an image: add text after it"
+
+
+def test_an_image_chunk_over_what_one_decode_takes_is_refused() -> None:
+    rows = ImageRows()
+    prep = ImagePreparer(
+        FakeVisionEncoder(), mmproj_id="m1", max_pixels=10_000, rows=rows, max_chunk_rows=2
+    )
+    prep.submit(message("a", [1, 2], image(png((1, 2, 3)), 1)))
+    ((_, reason),) = prep.done(5.0)
+    prep.close()
+    assert reason == (
+        "an image chunk takes 3 tokens; this server decodes at most 2 at once "
+        "(scheduler.max_batch_tokens)"
+    )

@@ -107,11 +107,29 @@ def _gpu_device_backends() -> list[str]:
     return names
 
 
+def _within(rows: list[_Rows], limit: int) -> list[list[_Rows]]:
+    """`rows` in order, grouped so each group has at most `limit` rows in all (a chunk is
+    never split: the preparer keeps each within the limit)."""
+    groups: list[list[_Rows]] = [[]]
+    size = 0
+    for row in rows:
+        n = len(row[2])
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(row)
+        size += n
+    return groups
+
+
 def _check_decode(status: int, n_tokens: int) -> None:
     if status == 1:
         raise KvCacheFull(f"no KV cache room for a batch of {n_tokens}")
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status}")
+
+
+_Rows = tuple[int, int, np.ndarray, bool]  # seq_id, start_pos, embedding rows, logits
 
 
 def _load_model(path: str, *, vocab_only: bool, n_gpu_layers: int = 0) -> Any:  # Any: model*
@@ -489,10 +507,18 @@ class LlamaCppBackend:
         if self.image_rows is None:
             raise EngineError("image tokens for a model without an mmproj")
         rows = [(seq, start, self.image_rows(ids), False) for seq, ids, start, _ in chunks]
-        status = decode_embeddings(
-            self._ctx, self.image_n_embd, rows, non_causal=self.image_non_causal
-        )
-        _check_decode(status, sum(len(ids) for _, ids, _, _ in chunks))
+        for group in _within(rows, self.config.n_batch):  # llama_decode takes ≤ n_batch
+            status = decode_embeddings(
+                self._ctx, self.image_n_embd, group, non_causal=self.image_non_causal
+            )
+            _check_decode(status, sum(len(r[2]) for r in group))
+
+    @property
+    def max_image_rows(self) -> int:
+        """The most embedding rows one image chunk may have: a llama_decode takes n_batch
+        at most, and a non-causal chunk must fit one ubatch."""
+        n_ubatch = min(self.config.n_batch, 512)  # as _init_context sets it
+        return n_ubatch if self.image_non_causal else self.config.n_batch
 
     def free_seq(self, seq_id: int) -> None:
         """Drop every KV cell of `seq_id` so the slot can serve another request."""
