@@ -111,9 +111,9 @@ def model(http_client: httpx.Client) -> str:
 def chat(sdk: openai.OpenAI, model: str, messages: list[dict[str, object]]):  # noqa: ANN201
     return sdk.chat.completions.create(
         model=model,
-        messages=messages,
+        messages=messages,  # type: ignore[arg-type]
         max_tokens=12,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
 
 
