@@ -11,6 +11,8 @@ import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from inferflux.config.env_lists import split_env_list
+
 MIB = 1024 * 1024
 
 
@@ -73,10 +75,7 @@ class MultimodalSettings(BaseModel):
     @field_validator("url_allowlist", mode="before")
     @classmethod
     def _split_env(cls, value: object) -> object:
-        """An env var gives one string: entries separated by commas."""
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return split_env_list(value, "url_allowlist")
 
     @field_validator("url_allowlist")
     @classmethod

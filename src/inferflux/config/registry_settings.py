@@ -8,6 +8,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from inferflux.config.env_lists import split_env_list
 from inferflux.config.manifest import MODEL_NAME_PATTERN, check_hf_url
 
 
@@ -80,7 +81,4 @@ class RegistrySettings(BaseModel):
     @field_validator("public_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
-        """An env var gives one string: keys separated by commas."""
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return split_env_list(value, "public_keys")

@@ -10,11 +10,12 @@ password inside `redis_url`) are `SecretStr` and never quoted in an error.
 
 from __future__ import annotations
 
-import json
 from typing import Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from inferflux.config.env_lists import split_env_list
 
 RouterStrategy = Literal["prefix_affinity", "least_loaded", "round_robin"]
 
@@ -151,17 +152,7 @@ class RouterSettings(BaseModel):
     @field_validator("replicas", mode="before")
     @classmethod
     def _replicas_from_text(cls, value: object) -> object:
-        """From the environment the list comes as JSON text (`["http://a:8080"]`) or as
-        comma-separated URLs."""
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError:
-                raise ValueError("replicas must be a JSON list of URLs") from None
-        return [part.strip() for part in text.split(",") if part.strip()]
+        return split_env_list(value, "replicas")
 
     @field_validator("replicas")
     @classmethod

@@ -19,6 +19,7 @@ from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.models.catalog import Catalog
 from inferflux.models.spec import ModelSpec
+from tests.asgi_client import running_client
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 from tests.mmproj_header import serve_file, sha256_hex, write_projector_header
 from tests.openai_envelope import assert_envelope
@@ -71,10 +72,8 @@ async def folder_client(tmp_path, smollm2_model_path) -> AsyncIterator[httpx.Asy
         Settings(), engine=FakeEngineClient(), tokenizer=FakeTokenizer(), model_info=info,
         catalog=plan,
     )  # fmt: skip
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with running_client(app) as client:
+        yield client
 
 
 async def test_a_mismatched_mmproj_hash_refuses_the_load(folder_client, tmp_path) -> None:

@@ -23,6 +23,7 @@ from inferflux.config.settings import Settings
 from inferflux.engine.model_verify import SignatureVerifier
 from inferflux.models.catalog import Catalog
 from inferflux.models.spec import ModelSpec
+from tests.asgi_client import running_client
 from tests.fakes.engine import FakeEngineClient, FakeTokenizer, fake_model_info
 from tests.integration.server_process import free_port
 from tests.mmproj_header import sha256_hex, write_projector_header
@@ -60,10 +61,8 @@ async def client(tmp_path, smollm2_model_path, grpc_port) -> AsyncIterator[httpx
         settings, engine=FakeEngineClient(), tokenizer=FakeTokenizer(), model_info=info,
         catalog=plan,
     )  # fmt: skip
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with running_client(app) as client:
+        yield client
 
 
 VISION = {"fake-model": True, "idle-vision": True, "text": False}

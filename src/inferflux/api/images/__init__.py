@@ -11,6 +11,7 @@ from inferflux.api.images.refs import (
     base64_ref,
     decode_base64,
     parse_data_uri,
+    take_image,
     url_ref,
 )
 from inferflux.api.images.resolve import (
@@ -32,5 +33,6 @@ __all__ = [
     "parse_data_uri",
     "resolve_image",
     "resolve_images",
+    "take_image",
     "url_ref",
 ]

@@ -20,6 +20,7 @@ import base64
 import binascii
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferflux.errors import InvalidRequest
@@ -60,6 +61,19 @@ class ImageSet:
 
     def __bool__(self) -> bool:
         return bool(self.refs)
+
+
+def take_image(
+    images: ImageSet | None, role: str, param: str, ref_at: Callable[[str], ImageRef]
+) -> str:
+    """The marker for an image part at `param` of a `role` message, recorded in `images`
+    (None: images are not taken where this message is read); only user messages carry
+    images. Raises InvalidRequest (400 naming the part)."""
+    if images is None:
+        raise InvalidRequest("images are not taken here", param=param)
+    if role != "user":
+        raise InvalidRequest("only user messages may carry images", param=param)
+    return images.add(ref_at(param))
 
 
 def decode_base64(text: str) -> bytes:

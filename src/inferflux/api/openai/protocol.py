@@ -39,7 +39,7 @@ from inferflux.api.generation.spec import (
     OutputSpec,
     Prompt,
 )
-from inferflux.api.images import ImageRef, ImageSet, url_ref
+from inferflux.api.images import ImageRef, ImageSet, take_image, url_ref
 from inferflux.api.tools.protocol import AssistantToolCall, ToolChoice, ToolDefinition
 from inferflux.engine.messages import Priority, SamplingParams
 from inferflux.errors import InvalidRequest
@@ -183,12 +183,7 @@ class ChatMessage(_Strict):
             if part.type != "image_url":
                 texts.append(part.text or "")
                 continue
-            part_param = f"{param}.content[{index}]"
-            if images is None:
-                raise InvalidRequest("images are not taken here", param=part_param)
-            if self.role != "user":
-                raise InvalidRequest("only user messages may carry images", param=part_param)
-            texts.append(images.add(part.image_ref(part_param)))
+            texts.append(take_image(images, self.role, f"{param}.content[{index}]", part.image_ref))
         return "\n".join(texts)
 
     def for_template(

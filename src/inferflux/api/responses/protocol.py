@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, TypeAdapter
 
 from inferflux.api.generation.spec import JsonOutput
-from inferflux.api.images import ImageRef, ImageSet, url_ref
+from inferflux.api.images import ImageRef, ImageSet, take_image, url_ref
 from inferflux.api.tools.protocol import (
     FUNCTION_NAME_PATTERN,
     BoundsCheck,
@@ -119,12 +119,9 @@ class MessageItem(_Strict):
             if not isinstance(part, InputImage):
                 pieces.append(_content_text(part))
                 continue
-            part_param = f"{param}.content[{position}]"
-            if images is None:
-                raise InvalidRequest("images are not taken here", param=part_param)
-            if self.role != "user":
-                raise InvalidRequest("only user messages may carry images", param=part_param)
-            pieces.append(images.add(part.image_ref(part_param)))
+            pieces.append(
+                take_image(images, self.role, f"{param}.content[{position}]", part.image_ref)
+            )
         return "".join(pieces)
 
 
