@@ -65,10 +65,10 @@ def _median_ms(fn: Any, reps: int) -> float:  # Any: a no-argument callable
 
 def run_encode(args: argparse.Namespace) -> list[dict[str, Any]]:
     import llama_cpp as ll  # noqa: F401  (libllama before numpy users: engine/__init__)
-    from inferflux.engine.backends.llama_cpp_vision import VisionEncoder
-    from inferflux.models.demo_vision import demo_mmproj_path
 
     from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+    from inferflux.engine.backends.llama_cpp_vision import VisionEncoder
+    from inferflux.models.demo_vision import demo_mmproj_path
     from inferflux.models.files import default_model_path
 
     backend = LlamaCppBackend(
