@@ -7,9 +7,10 @@ median of `--reps` runs. The spec's KPI is preprocessing < 150 ms per 1-megapixe
 CPU: preprocessing is probe + decode here; the tower's time depends on the mmproj.
 
 `itl`: a fresh `inferflux serve --model vision`; `--concurrency` text streams (chat, long
-outputs) alone, then the same streams while one more client sends image requests
-(`--image-size` JPEG as a data URI) back to back. Alternated over `--rounds` rounds; the
-report gives the text streams' ITL p50/p99, TTFT p50 and output tok/s per mode.
+outputs) alone, beside one more client sending short text requests back to back, and
+beside one sending the same requests each with a new image (`--image-size` JPEG as a data
+URI). Alternated over `--rounds` rounds; the report gives the text streams' ITL p50/p99,
+TTFT p50 and output tok/s per mode: "images" against "text" is what the images cost.
 
     .venv/bin/python bench/vision.py encode --json bench/results/vision_encode.json
     .venv/bin/python bench/vision.py itl --json bench/results/vision_itl.json
@@ -79,6 +80,7 @@ def run_encode(args: argparse.Namespace) -> list[dict[str, Any]]:
             n_batch=512,
             n_threads=args.threads,
             n_threads_batch=args.threads,
+            kv_unified=False,
         )
     )
     encoder = VisionEncoder(str(demo_mmproj_path()), backend.model_handle, n_threads=args.threads)
@@ -118,16 +120,23 @@ def data_uri(width: int, height: int, seed: int) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(data).decode()
 
 
-async def _image_client(
-    client: httpx.AsyncClient, model: str, size: int, stop: asyncio.Event, out: list[float]
+async def _side_client(
+    client: httpx.AsyncClient,
+    model: str,
+    images: list[str] | None,
+    stop: asyncio.Event,
+    out: list[float],
 ) -> None:
-    seed = 0
+    """Requests back to back beside the text streams: each with a new image (no reuse of an
+    encoding or of KV), or the same request without the image (`images` None)."""
+    index = 0
     while not stop.is_set():
-        seed += 1  # a new image each time: no reuse of its encoding or KV
-        content = [
-            {"type": "image_url", "image_url": {"url": data_uri(size, size, seed)}},
-            {"type": "text", "text": "Describe this image."},
-        ]
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"Describe image {index}."}]
+        if images is not None:
+            content.insert(
+                0, {"type": "image_url", "image_url": {"url": images[index % len(images)]}}
+            )
+        index += 1
         body = {
             "model": model,
             "messages": [{"role": "user", "content": content}],
@@ -136,21 +145,22 @@ async def _image_client(
         started = time.perf_counter()
         response = await client.post("/v1/chat/completions", json=body)
         if response.status_code != 200:
-            raise SystemExit(f"image request failed: {response.status_code} {response.text}")
+            raise SystemExit(f"side request failed: {response.status_code} {response.text}")
         out.append(time.perf_counter() - started)
 
 
-async def _text_round(config: LoadConfig, args: argparse.Namespace, images: bool) -> dict[str, Any]:
+async def _text_round(
+    config: LoadConfig, args: argparse.Namespace, mode: str, images: list[str]
+) -> dict[str, Any]:
     prompts = make_prompts(args.concurrency * args.requests, args.seed, 20, 60)
     limits = httpx.Limits(max_connections=args.concurrency + 2)
     async with httpx.AsyncClient(base_url=config.url, timeout=600, limits=limits) as client:
         stop = asyncio.Event()
-        image_s: list[float] = []
-        side = (
-            asyncio.create_task(_image_client(client, config.model, args.image_size, stop, image_s))
-            if images
-            else None
-        )
+        side_s: list[float] = []
+        side = None
+        if mode != "alone":
+            pictures = images if mode == "images" else None
+            side = asyncio.create_task(_side_client(client, config.model, pictures, stop, side_s))
         started = time.perf_counter()
 
         async def one_client(mine: list[str]) -> list[RequestResult]:
@@ -167,13 +177,13 @@ async def _text_round(config: LoadConfig, args: argparse.Namespace, images: bool
         raise SystemExit(f"text streams failed: {failed[:3]}")
     itl = [x for r in results for x in r.itl_s]
     return {
-        "images": images,
+        "mode": mode,
         "itl_p50_ms": summarize(itl).p50 * 1000,
         "itl_p99_ms": summarize(itl).p99 * 1000,
         "ttft_p50_ms": summarize([r.ttft_s or 0 for r in results]).p50 * 1000,
         "output_tok_s": sum(r.output_tokens for r in results) / wall_s,
-        "image_requests": len(image_s),
-        "image_request_p50_ms": statistics.median(image_s) * 1000 if image_s else None,
+        "side_requests": len(side_s),
+        "side_request_p50_ms": statistics.median(side_s) * 1000 if side_s else None,
     }
 
 
@@ -192,15 +202,22 @@ def run_itl(args: argparse.Namespace) -> list[dict[str, Any]]:
             min_words=20,
             max_words=60,
         )
+        # made before the rounds: encoding JPEGs in this process would stall its clients
+        per_round = 40  # distinct images a round (about 20 are sent): none is seen twice
+        images = [
+            data_uri(args.image_size, args.image_size, seed)
+            for seed in range(per_round * args.rounds)
+        ]
+        modes = ["alone", "text", "images"]
         rounds = []
         for index in range(args.rounds):
-            order = (False, True) if index % 2 == 0 else (True, False)
-            for images in order:
-                rounds.append(asyncio.run(_text_round(config, args, images)))
+            mine = images[index * per_round : (index + 1) * per_round]
+            for mode in modes if index % 2 == 0 else modes[::-1]:
+                rounds.append(asyncio.run(_text_round(config, args, mode, mine)))
                 print(json.dumps(rounds[-1]), flush=True)
     finally:
         kill_group(server)
-    return [_median_of([r for r in rounds if r["images"] is mode]) for mode in (False, True)]
+    return [_median_of([r for r in rounds if r["mode"] == mode]) for mode in modes]
 
 
 def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
