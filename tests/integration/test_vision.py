@@ -256,3 +256,35 @@ def test_the_debug_record_carries_the_image_hash_not_its_bytes(
     record = http_client.get(f"/debug/requests/{answer.id}").text
     assert hashlib.sha256(RED).hexdigest() in record
     assert base64.b64encode(RED).decode()[:40] not in record
+
+
+@pytest.fixture(scope="module")
+def small_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`--model vision` with a 160-token context: an image (50 tokens) fills it fast."""
+    log = tmp_path_factory.mktemp("vision-small") / "server.log"
+    env = {"INFERFLUX_MODEL__CTX_SIZE": "160"}
+    server = ServerProcess("--model", "vision", env=env, log_path=log)
+    try:
+        server.wait_ready(timeout_s=240)
+        yield server
+    finally:
+        server.close()
+
+
+def test_max_tokens_is_cut_to_what_the_images_leave(small_context: ServerProcess) -> None:
+    """The API checks the context with the text's tokens only; the worker, knowing the
+    image's tokens, cuts an unset (or too large) max_tokens to what is left, as
+    llama-server does, and refuses a prompt its images push over the context."""
+    url = f"{small_context.url}/v1/chat/completions"
+    body = {"model": "vision", "messages": image_message(data_uri(RED)), "temperature": 0}
+    answer = httpx.post(url, json=body, timeout=120).json()
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 160, answer
+    assert answer["choices"][0]["finish_reason"] in ("length", "stop")
+    three = image_message(data_uri(RED)) + image_message(data_uri(BLUE))
+    three += image_message(data_uri(png((9, 9, 9))))
+    response = httpx.post(url, json={"model": "vision", "messages": three}, timeout=120)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "with its images' tokens" in error["message"]

@@ -19,7 +19,7 @@ import msgspec
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
-from inferflux.engine.image_prep import ImagePreparer, PreparedPrompt
+from inferflux.engine.image_prep import ImagePreparer, ImagePromptError, PreparedPrompt
 from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
@@ -151,7 +151,7 @@ class EngineCore:
         request = Request(
             request_id=RequestId(message.request_id),
             prompt_token_ids=prepared.token_ids if prepared else message.prompt_token_ids,
-            max_tokens=message.sampling.max_tokens,
+            max_tokens=prepared.max_tokens if prepared else message.sampling.max_tokens,
             priority=_PRIORITY_CLASS[message.priority],
             cache_namespace=message.cache_namespace,
             # Prompt logprobs need every prompt position computed.
@@ -213,8 +213,9 @@ class EngineCore:
         busy = self.scheduler.has_work() or bool(self._deferred)
         deltas: list[RequestDelta] = []
         for message, prepared in self.images.done(0.0 if busy else _DEFERRED_WAIT_S):
-            if isinstance(prepared, str):
-                deltas.append(_error_delta(message.request_id, prepared, 0, InvalidRequest.code))
+            if isinstance(prepared, ImagePromptError):
+                problem, code = str(prepared), prepared.code
+                deltas.append(_error_delta(message.request_id, problem, 0, code))
             else:
                 deltas.extend(self.add_request(message, prepared))
         return deltas

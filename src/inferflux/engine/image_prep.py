@@ -44,7 +44,15 @@ _Layout = tuple[tuple[tuple[int, ...] | int, int], ...]
 
 
 class ImagePromptError(Exception):
-    """An image of the request cannot be used (a 400 for the client)."""
+    """An image of the request cannot be used (a 400 for the client, with this code)."""
+
+    code = "invalid_request"
+
+
+class ImagePromptTooLong(ImagePromptError):
+    """The prompt with its images' tokens leaves no room in the context."""
+
+    code = "context_length_exceeded"
 
 
 def is_image_token(token_id: int) -> bool:
@@ -70,6 +78,9 @@ class PreparedPrompt:
     keys: tuple[int, ...]  # the embedding rows it needs (ImageRows keys)
     num_images: int
     encode_s: float  # decode + encode time of the images not found encoded already
+    # the request's max_tokens cut to what the context leaves after the images' tokens (the
+    # API checked the context with the text's tokens only)
+    max_tokens: int
 
 
 class ImageRows:
@@ -148,9 +159,12 @@ class ImagePreparer:
         max_pixels: int,
         rows: ImageRows,
         max_chunk_rows: int = _MAX_ROWS - 1,
+        n_ctx: int = 1 << 30,
     ) -> None:
         """`max_chunk_rows`: the most rows one image chunk may have here (the backend's
-        `max_image_rows`: a batch, or a ubatch for a non-causal tower)."""
+        `max_image_rows`: a batch, or a ubatch for a non-causal tower). `n_ctx`: a
+        request's context (prompt + output tokens)."""
+        self._n_ctx = n_ctx
         self.encoder = encoder
         self.rows = rows
         self._mmproj_id = mmproj_id
@@ -182,15 +196,15 @@ class ImagePreparer:
             dropped.append(message)
         return dropped
 
-    def done(self, wait_s: float) -> list[tuple[AddRequest, PreparedPrompt | str]]:
-        """Requests whose images are ready (or failed: the reason), waiting up to `wait_s`
-        for the first."""
+    def done(self, wait_s: float) -> list[tuple[AddRequest, PreparedPrompt | ImagePromptError]]:
+        """Requests whose images are ready (or failed: why), waiting up to `wait_s` for the
+        first."""
         if not self._pending:
             return []
         if wait_s > 0:
             futures = [f for _, f in self._pending.values()]
             wait_futures(futures, timeout=wait_s, return_when="FIRST_COMPLETED")
-        out: list[tuple[AddRequest, PreparedPrompt | str]] = []
+        out: list[tuple[AddRequest, PreparedPrompt | ImagePromptError]] = []
         for request_id, (message, future) in list(self._pending.items()):
             if not future.done():
                 continue
@@ -201,10 +215,12 @@ class ImagePreparer:
                 self.num_images += prepared.num_images
                 self.encode_s += prepared.encode_s
                 out.append((message, prepared))
-            elif isinstance(exc, (ImagePromptError, ImageError)):
-                out.append((message, str(exc)))
+            elif isinstance(exc, ImagePromptError):
+                out.append((message, exc))
+            elif isinstance(exc, ImageError):
+                out.append((message, ImagePromptError(str(exc))))
             else:
-                out.append((message, f"the image could not be encoded: {exc}"))
+                out.append((message, ImagePromptError(f"the image could not be encoded: {exc}")))
         return out
 
     def close(self) -> None:
@@ -240,8 +256,17 @@ class ImagePreparer:
         tokens.extend(prompt[taken:])
         if spans and spans[-1][1] == len(tokens):
             raise ImagePromptError("the prompt cannot end with an image: add text after it")
+        room = self._n_ctx - len(tokens)
+        if room < 1:
+            raise ImagePromptTooLong(
+                f"the prompt is {len(tokens)} tokens with its images' tokens; this model's "
+                f"context is {self._n_ctx}: send fewer or smaller images, or less text"
+            )
         self.rows.pin(message.request_id, tuple(keys))
-        return PreparedPrompt(tokens, tuple(spans), tuple(keys), len(message.images), encode_s)
+        max_tokens = min(message.sampling.max_tokens, room)
+        return PreparedPrompt(
+            tokens, tuple(spans), tuple(keys), len(message.images), encode_s, max_tokens
+        )
 
     def _layout(self, sha256: str) -> _Layout | None:
         """The layout of an image encoded before whose rows are all still kept."""

@@ -319,6 +319,7 @@ def _image_preparer(
         max_pixels=config.image_max_pixels,
         rows=rows,
         max_chunk_rows=backend.max_image_rows,
+        n_ctx=config.context.n_ctx_per_seq,
     )
 
 

@@ -16,7 +16,13 @@ import pytest
 from PIL import Image
 
 from inferflux.engine.backends.llama_cpp_vision import EncodedImage, ImageChunk
-from inferflux.engine.image_prep import ImagePreparer, ImageRows, is_image_token
+from inferflux.engine.image_prep import (
+    ImagePreparer,
+    ImagePromptError,
+    ImagePromptTooLong,
+    ImageRows,
+    is_image_token,
+)
 from inferflux.engine.messages import AddRequest, ImageInput, SamplingParams
 
 N_EMBD = 4
@@ -124,7 +130,8 @@ def test_unusable_images_fail_with_a_reason(
 ) -> None:
     preparer.submit(message("a", [1, 2], image(data, position)))
     ((_, reason),) = preparer.done(5.0)
-    assert isinstance(reason, str) and words in reason, reason
+    assert isinstance(reason, ImagePromptError) and words in str(reason), reason
+    assert reason.code == "invalid_request"
 
 
 def test_a_wrong_sha256_is_refused(preparer: ImagePreparer) -> None:
@@ -132,7 +139,7 @@ def test_a_wrong_sha256_is_refused(preparer: ImagePreparer) -> None:
     bad = ImageInput(sha256="0" * 64, data=data, position=1)
     preparer.submit(message("a", [1, 2], bad))
     ((_, reason),) = preparer.done(5.0)
-    assert reason == "an image's sha256 does not match its bytes"
+    assert str(reason) == "an image's sha256 does not match its bytes"
 
 
 def test_rows_stay_while_pinned_and_the_unpinned_are_bounded() -> None:
@@ -165,7 +172,7 @@ def test_a_prompt_cannot_end_with_an_image() -> None:
     prep.submit(message("a", [1, 2], image(png((1, 2, 3)), 2)))
     ((_, reason),) = prep.done(5.0)
     prep.close()
-    assert reason == "the prompt cannot end with an image: add text after it"
+    assert str(reason) == "the prompt cannot end with an image: add text after it"
 
 
 def test_an_image_chunk_over_what_one_decode_takes_is_refused() -> None:
@@ -176,7 +183,26 @@ def test_an_image_chunk_over_what_one_decode_takes_is_refused() -> None:
     prep.submit(message("a", [1, 2], image(png((1, 2, 3)), 1)))
     ((_, reason),) = prep.done(5.0)
     prep.close()
-    assert reason == (
+    assert str(reason) == (
         "an image chunk takes 3 tokens; this server decodes at most 2 at once "
         "(scheduler.max_batch_tokens)"
     )
+
+
+def test_max_tokens_is_cut_to_what_the_context_leaves_after_the_images() -> None:
+    """The API checked prompt + max_tokens with the text's tokens only."""
+    prep = ImagePreparer(
+        FakeVisionEncoder(), mmproj_id="m1", max_pixels=10_000, rows=ImageRows(), n_ctx=12
+    )
+    msg = message("a", [1, 2], image(png((1, 2, 3)), 1))  # 2 + 5 image tokens = 7, asks 4
+    prepared = prepare(prep, msg)
+    assert len(prepared.token_ids) == 7 and prepared.max_tokens == 4
+    prep._n_ctx = 9
+    prepared = prepare(prep, message("b", [1, 2], image(png((1, 2, 3)), 1)))
+    assert prepared.max_tokens == 2  # 9 - 7
+    prep._n_ctx = 7
+    prep.submit(message("c", [1, 2], image(png((1, 2, 3)), 1)))
+    ((_, reason),) = prep.done(5.0)
+    prep.close()
+    assert isinstance(reason, ImagePromptTooLong) and reason.code == "context_length_exceeded"
+    assert str(reason).startswith("the prompt is 7 tokens with its images' tokens")
