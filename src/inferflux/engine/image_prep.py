@@ -24,6 +24,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -191,10 +192,14 @@ class ImagePreparer:
         dropped = []
         for request_id in request_ids & self._pending.keys():
             message, future = self._pending.pop(request_id)
-            if not future.cancel() and future.done() and future.exception() is None:
-                self.rows.unpin(request_id)  # prepared (and pinned) meanwhile
+            if not future.cancel():  # running or done: unpin what it pinned, once done
+                future.add_done_callback(partial(self._unpin_prepared, request_id))
             dropped.append(message)
         return dropped
+
+    def _unpin_prepared(self, request_id: str, future: Future[PreparedPrompt]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.rows.unpin(request_id)
 
     def done(self, wait_s: float) -> list[tuple[AddRequest, PreparedPrompt | ImagePromptError]]:
         """Requests whose images are ready (or failed: why), waiting up to `wait_s` for the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,3 +207,24 @@ def test_max_tokens_is_cut_to_what_the_context_leaves_after_the_images() -> None
     prep.close()
     assert isinstance(reason, ImagePromptTooLong) and reason.code == "context_length_exceeded"
     assert str(reason).startswith("the prompt is 7 tokens with its images' tokens")
+
+
+def test_a_request_dropped_while_its_image_is_encoded_leaves_nothing_pinned() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @dataclass
+    class FakeSlowEncoder(FakeVisionEncoder):
+        def encode(self, rgb: bytes, width: int, height: int, sha256: str) -> EncodedImage:
+            started.set()
+            release.wait(5)
+            return super().encode(rgb, width, height, sha256)
+
+    rows = ImageRows()
+    prep = ImagePreparer(FakeSlowEncoder(), mmproj_id="m1", max_pixels=10_000, rows=rows)
+    prep.submit(message("a", [1, 2], image(png((1, 2, 3)), 1)))
+    assert started.wait(5)
+    assert [m.request_id for m in prep.drop({"a"})] == ["a"]
+    release.set()
+    prep._pool.submit(lambda: None).result()  # the preparation has finished
+    prep.close()
+    assert rows._pins == {} and rows._owners == {}
