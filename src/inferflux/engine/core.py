@@ -129,7 +129,10 @@ class EngineCore:
         return self.scheduler.has_work() or bool(self._deferred) or self._preparing()
 
     def _preparing(self) -> bool:
-        return self.images is not None and len(self.images) > 0
+        return self._num_preparing() > 0
+
+    def _num_preparing(self) -> int:
+        return len(self.images) if self.images is not None else 0
 
     def request_ids(self) -> list[str]:
         """Ids of every request not finished yet (waiting or running)."""
@@ -549,7 +552,7 @@ class EngineCore:
         s = self._stats
         return EngineStats(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting + len(self._deferred),
+            num_waiting=self.scheduler.num_waiting + len(self._deferred) + self._num_preparing(),
             num_steps=s.num_steps,
             num_prompt_tokens_total=s.num_prompt_tokens_total,
             num_generated_tokens_total=s.num_generated_tokens_total,
