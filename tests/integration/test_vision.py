@@ -14,6 +14,7 @@ import base64
 import hashlib
 import http.server
 import io
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +41,20 @@ def png(color: tuple[int, int, int], size: int = 96) -> bytes:
 
 
 RED, BLUE = png((220, 30, 30)), png((30, 30, 220))
+
+
+def noise_png(size: int) -> bytes:
+    """Random pixels: a PNG of about 3 bytes a pixel (over the server's 64 KiB limit)."""
+    out = io.BytesIO()
+    Image.frombytes("RGB", (size, size), os.urandom(size * size * 3)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def bilevel_png(size: int) -> bytes:
+    """A blank 1-bit image: a few KB on disk, size² pixels (a decompression bomb's shape)."""
+    out = io.BytesIO()
+    Image.new("1", (size, size)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def data_uri(data: bytes, kind: str = "png") -> str:
@@ -83,6 +98,8 @@ def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     env = {
         "INFERFLUX_MULTIMODAL__ALLOW_URLS": "true",
         "INFERFLUX_MULTIMODAL__URL_ALLOWLIST": "127.0.0.1",
+        "INFERFLUX_MULTIMODAL__MAX_IMAGE_BYTES": "65536",
+        "INFERFLUX_MULTIMODAL__MAX_PIXELS": "4000000",
     }
     server = ServerProcess("--model", "vision", env=env, log_path=folder / "server.log")
     try:
@@ -237,8 +254,17 @@ def test_metrics_count_images(http_client: httpx.Client) -> None:
         (data_uri(b"this is not an image"), "image"),
         ("file:///etc/passwd", "http"),
         ("http://169.254.169.254/latest/meta-data", "169.254.169.254"),
+        (data_uri(noise_png(300)), "the limit is 65536 (multimodal.max_image_bytes)"),
+        (data_uri(bilevel_png(3000)), "the limit is 4000000 (multimodal.max_pixels)"),
     ],
-    ids=["bad base64", "not an image", "file url", "metadata address"],
+    ids=[
+        "bad base64",
+        "not an image",
+        "file url",
+        "metadata address",
+        "too big",
+        "too many pixels",
+    ],
 )
 def test_bad_images_are_400s(http_client: httpx.Client, model: str, url: str, words: str) -> None:
     body = {"model": model, "messages": image_message(url), "max_tokens": 2}
