@@ -314,3 +314,44 @@ def test_max_tokens_is_cut_to_what_the_images_leave(small_context: ServerProcess
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert "with its images' tokens" in error["message"]
+
+
+def test_every_dialect_carries_the_image(
+    http_client: httpx.Client, sdk: openai.OpenAI, model: str
+) -> None:
+    """Native /chat, Anthropic /v1/messages and the Responses API reach the same encoder:
+    each answer names the solid image's colour."""
+    question = "What colour is this image? Answer with one word."
+    red = png((255, 0, 0), size=64)
+    b64 = base64.b64encode(red).decode()
+    native = {
+        "model": model,
+        "messages": [{"role": "user", "content": question, "images": [b64]}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    answer = http_client.post("/chat", json=native)
+    assert answer.status_code == 200, answer.text
+    assert "red" in answer.text.lower()
+    source = {"type": "base64", "media_type": "image/png", "data": b64}
+    content = [{"type": "image", "source": source}, {"type": "text", "text": question}]
+    anthropic = {
+        "model": model,
+        "max_tokens": 12,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    }
+    answer = http_client.post("/v1/messages", json=anthropic)
+    assert answer.status_code == 200, answer.text
+    assert "red" in answer.json()["content"][0]["text"].lower()
+    parts = [
+        {"type": "input_image", "image_url": data_uri(red)},
+        {"type": "input_text", "text": question},
+    ]
+    response = sdk.responses.create(
+        model=model,
+        input=[{"role": "user", "content": parts}],  # type: ignore[list-item]
+        max_output_tokens=12,
+        temperature=0,
+    )
+    assert "red" in response.output_text.lower()
