@@ -332,7 +332,7 @@ def test_every_dialect_carries_the_image(
     }
     answer = http_client.post("/chat", json=native)
     assert answer.status_code == 200, answer.text
-    assert "red" in answer.text.lower()
+    assert "red" in answer.json()["message"]["content"].lower()
     source = {"type": "base64", "media_type": "image/png", "data": b64}
     content = [{"type": "image", "source": source}, {"type": "text", "text": question}]
     anthropic = {
