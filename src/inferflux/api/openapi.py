@@ -98,11 +98,12 @@ def install_openapi(app: FastAPI, event_models: Sequence[type[BaseModel]] = ()) 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
-def error_doc(description: str) -> Document:
-    """A `responses=` entry for an error a route gives beyond `_errors_of` (OpenAI envelope)."""
+def error_doc(description: str, shape: str = OPENAI_ERROR) -> Document:
+    """A `responses=` entry for an error a route gives beyond `_errors_of`: the OpenAI
+    envelope, or `OLLAMA_ERROR` for a route under /api/ (its errors are Ollama's shape)."""
     return {
         "description": description,
-        "content": {"application/json": {"schema": {"$ref": _ERROR_REF}}},
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model=shape)}}},
     }
 
 

@@ -36,7 +36,7 @@ from starlette.responses import Response
 
 from inferflux.api.deps import json_body
 from inferflux.api.ollama.render import NdjsonResponse, json_response, ndjson_line
-from inferflux.api.openapi import error_doc
+from inferflux.api.openapi import OLLAMA_ERROR, error_doc
 from inferflux.api.state import StateDep
 from inferflux.config.manifest import MODEL_NAME_PATTERN, ManifestEntry
 from inferflux.errors import InferfluxError, InvalidRequest, ModelFileNotFound, ModelLoadError
@@ -104,7 +104,9 @@ def _valid_id(model_id: str) -> bool:
 
 @router.post(
     "/api/pull",
-    responses={404: error_doc("No such model: not hf.co/…, not in registry.pull_sources")},
+    responses={
+        404: error_doc("No such model: not hf.co/…, not in registry.pull_sources", OLLAMA_ERROR)
+    },
 )
 async def pull(state: StateDep, body: PullBody) -> Response:
     """Download a model (hf.co/ORG/REPO[:FILE|:LABEL] or a registry.pull_sources name),
