@@ -483,15 +483,15 @@ class LlamaCppBackend:
         it rejects or fails the batch otherwise (the batch's sequences may then hold KV of
         some of its positions: trim them back to their chunks' start positions).
         """
-        images = [c for c in chunks if c[1] and c[1][0] < 0]
-        if images:
-            self._decode_images(images)
-            if len(images) == len(chunks):
-                return [-1] * len(chunks)
-            text = [c for c in chunks if not (c[1] and c[1][0] < 0)]
-            text_rows = iter(self._decode_tokens(text))
-            return [-1 if c[1] and c[1][0] < 0 else next(text_rows) for c in chunks]
-        return self._decode_tokens(chunks)
+        if self.image_rows is None:  # a text-only model: no scan on the hot path
+            return self._decode_tokens(chunks)
+        is_image = [bool(c[1]) and c[1][0] < 0 for c in chunks]
+        if not any(is_image):
+            return self._decode_tokens(chunks)
+        self._decode_images([c for c, image in zip(chunks, is_image, strict=True) if image])
+        text = [c for c, image in zip(chunks, is_image, strict=True) if not image]
+        text_rows = iter(self._decode_tokens(text) if text else [])
+        return [-1 if image else next(text_rows) for image in is_image]
 
     def _decode_tokens(self, chunks: list[DecodeChunk]) -> list[int]:
         rows = self._batch.fill(chunks)
@@ -504,8 +504,7 @@ class LlamaCppBackend:
         still go in order."""
         from inferflux.engine.backends.llama_cpp_vision import decode_embeddings
 
-        if self.image_rows is None:
-            raise EngineError("image tokens for a model without an mmproj")
+        assert self.image_rows is not None  # NOTE: decode() checked
         rows = [(seq, start, self.image_rows(ids), False) for seq, ids, start, _ in chunks]
         for group in _within(rows, self.config.n_batch):  # llama_decode takes ≤ n_batch
             status = decode_embeddings(
