@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.config.auth_settings import AuthSettings, TlsSettings, check_cors_origins
+from inferflux.config.disagg_settings import DisaggregatedSettings
 from inferflux.config.kv_settings import (
     KvPersistenceSettings,
     NvmeOffloadSettings,
@@ -479,6 +480,26 @@ class SchedulerSettings(_Section):
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)  # type: ignore[arg-type]
     prefix_cache: PrefixCacheSettings = Field(
         default_factory=PrefixCacheSettings  # type: ignore[arg-type]
+    )
+    mode: Literal["unified", "disaggregated"] = Field(
+        "unified",
+        description="`unified`: every worker runs prompts and decodes them in one "
+        "continuous batch. `disaggregated`: prefill workers compute prompts and hand "
+        "each one's KV to a decode worker through shared memory, so a long prompt never "
+        "stalls the decode streams; on one CPU the pools share the cores and throughput "
+        "drops (docs/scheduling.md has the figures). Not live: a restart applies it.",
+    )
+    prefill_pool_size: int = Field(
+        1, ge=1, le=64, description="Prefill workers in disaggregated mode."
+    )
+    decode_pool_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Decode workers in disaggregated mode (runtime.workers is not used then).",
+    )
+    disaggregated: DisaggregatedSettings = Field(
+        default_factory=DisaggregatedSettings  # type: ignore[arg-type]
     )
 
     @model_validator(mode="after")

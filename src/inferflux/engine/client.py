@@ -47,7 +47,13 @@ from inferflux.engine.messages import (
 )
 from inferflux.engine.pool_scaling import PoolScaler
 from inferflux.engine.pool_watchdog import PoolWatchdog
-from inferflux.engine.protocol import EmbeddingResult, EngineClient, ModelInfo, WorkerStatus
+from inferflux.engine.protocol import (
+    ChannelStats,
+    EmbeddingResult,
+    EngineClient,
+    ModelInfo,
+    WorkerStatus,
+)
 from inferflux.engine.routing import RouteRequest, WorkerLoad, make_worker_router
 from inferflux.engine.worker import WorkerConfig, worker_config
 from inferflux.engine.worker_pool import MAX_RESUBMITS, RESUBMIT_WAIT_S, PoolWorker, WorkerPool
@@ -272,6 +278,9 @@ class WorkerPoolClient:
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._step_observers.append(observer)
+
+    def channel(self) -> ChannelStats | None:
+        return None
 
     async def reconfigure(
         self, scheduler: SchedulerSettings, observability: ObservabilitySettings

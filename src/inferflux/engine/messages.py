@@ -29,6 +29,10 @@ class FinishReason(enum.StrEnum):
     TIMEOUT = "timeout"  # waited in the queue past `scheduler.queue_timeout_s`; never ran
     # a guardrail stopped the output (set by the API's engine wrapper, never by a worker)
     CONTENT_FILTER = "content_filter"
+    # disaggregated mode: a prefill worker computed the prompt and wrote its KV ticket
+    # (`RequestDelta.ticket`); the API hands the request to a decode worker and never
+    # shows this reason to a client
+    HANDOFF = "handoff"
 
 
 class Priority(enum.StrEnum):
@@ -47,6 +51,7 @@ OPENAI_FINISH_REASON: dict[FinishReason, str] = {
     FinishReason.ERROR: "error",
     FinishReason.TIMEOUT: "error",
     FinishReason.CONTENT_FILTER: "content_filter",
+    FinishReason.HANDOFF: "error",  # never reaches a client (engine/client.py hands it on)
 }
 
 
@@ -106,6 +111,19 @@ class ImageInput(msgspec.Struct, kw_only=True, frozen=True):
     position: int
 
 
+class KvTicket(msgspec.Struct, kw_only=True):
+    """A prefill → decode hand-off (engine/kv_channel.py): the KV of a request's first
+    `n_tokens` prompt tokens (all but the last) in a shared-memory file at `path`."""
+
+    path: str  # named by the API process, which owns its lifetime (and unlinks it)
+    n_tokens: int = 0  # prompt positions the KV covers: len(prompt) - 1
+    nbytes: int = 0  # size of the ticket file (header + llama.cpp sequence state)
+    enqueued_at: float = 0.0  # time.monotonic() when the prefill worker finished writing
+    enqueued_ns: int = 0  # time.time_ns() of the same moment (the trace span's start)
+    write_s: float = 0.0  # serializing the sequence into the file (prefill side)
+    num_cached_tokens: int = 0  # prompt tokens the prefill worker took from its prefix cache
+
+
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     """Start generating for a tokenized prompt."""
 
@@ -120,6 +138,12 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     trace_context: dict[str, str] | None = None
     # images of the prompt, by position (ascending); only for a model with an mmproj
     images: list[ImageInput] = msgspec.field(default_factory=list)
+    # disaggregated mode, prefill worker: compute all prompt tokens but the last, write
+    # their KV to this ticket path and finish with HANDOFF ("" = an ordinary request)
+    ticket_path: str = ""
+    # disaggregated mode, decode worker: hydrate the prompt's KV from this ticket, then
+    # decode (a refused ticket is logged and the prompt computed here instead)
+    kv_ticket: KvTicket | None = None
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -198,6 +222,8 @@ class RequestDelta(msgspec.Struct, kw_only=True):
     # speculative decoding so far (llama-server's draft_n / draft_n_accepted)
     num_draft_tokens: int = 0
     num_draft_accepted: int = 0
+    # with finish_reason HANDOFF: the ticket the prefill worker wrote
+    ticket: KvTicket | None = None
 
 
 class FairnessStats(msgspec.Struct, kw_only=True):
@@ -265,6 +291,17 @@ class ImageStats(msgspec.Struct, kw_only=True):
     rows_bytes: int = 0  # embedding rows kept (pinned by live requests, or reusable)
 
 
+class TicketStats(msgspec.Struct, kw_only=True):
+    """KV tickets of a worker in disaggregated mode, since it started (kv_channel.py)."""
+
+    written: int = 0  # prefill side: tickets written
+    write_seconds_total: float = 0.0
+    written_bytes: int = 0
+    hydrated: int = 0  # decode side: tickets loaded into a sequence
+    hydrate_seconds_total: float = 0.0  # reading and loading them (llama.cpp set_data)
+    refused: int = 0  # tickets refused (gone, other model or layout, llama.cpp): recomputed
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """A worker's state after its latest step (or when idle)."""
 
@@ -285,6 +322,8 @@ class EngineStats(msgspec.Struct, kw_only=True):
     kv_tiers: KvTierStats | None = None  # None without host/disk tiers (kv_offload.py)
     speculative: SpeculativeStats | None = None  # None when speculative decoding is off
     images: ImageStats | None = None  # None for a text-only model
+    role: str = "unified"  # "prefill" | "decode" in disaggregated mode (scheduler.mode)
+    tickets: TicketStats | None = None  # None in unified mode
 
 
 class Admission(msgspec.Struct, array_like=True):
@@ -324,6 +363,8 @@ class StepStats(msgspec.Struct, kw_only=True):
     num_generated_tokens: int = 0
     admitted: list[Admission] = msgspec.field(default_factory=list)
     finished: list[RequestPhases] = msgspec.field(default_factory=list)
+    # decode worker: seconds from each ticket's enqueue (prefill wrote it) to hydrated
+    transfer_s: list[float] = msgspec.field(default_factory=list)
 
 
 class WorkerReady(msgspec.Struct, tag="ready", kw_only=True):

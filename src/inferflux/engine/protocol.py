@@ -100,6 +100,23 @@ class WorkerStatus:
     backend: str = "cpu"  # where its model runs ("cpu", "cuda", ...)
     requested_backend: str = "cpu"  # what runtime.n_gpu_layers asked for
     fallback_reason: str | None = None  # why backend != requested_backend (GPU → CPU)
+    role: str = "unified"  # "prefill" | "decode" in disaggregated mode (scheduler.mode)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    """The KV channel between the prefill and decode pools (disaggregated mode), as the
+    API process counts it since start (engine/kv_channel.py)."""
+
+    capacity: int  # scheduler.disaggregated.channel_capacity
+    in_flight: int  # tickets reserved: prefilling, written, or waiting to be hydrated
+    in_flight_bytes: int  # their estimated shared-memory bytes
+    prefill_queue: int  # requests sent to the prefill pool and not handed off yet
+    handed_off: int  # tickets a prefill worker wrote and a decode worker was given
+    blocked: int  # requests that waited past ticket_wait_s for a full channel
+    direct: int  # requests run on a decode worker without the prefill pool (short
+    # prompt, images, prompt logprobs, no prefill worker ready, or blocked)
+    resubmitted: int  # hand-offs retried after a worker died before its first token
 
 
 class Tokenizer(Protocol):
@@ -185,6 +202,10 @@ class EngineClient(Protocol):
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         """Call `observer(worker_id, stats)` on the event loop for every `StepStats` a
         worker sends (metrics, /debug phases). Observers must be quick and not raise."""
+        ...
+
+    def channel(self) -> ChannelStats | None:
+        """The prefill → decode KV channel's counters; None in unified mode."""
         ...
 
     async def reconfigure(
