@@ -23,7 +23,7 @@ def _no_config(worker, input_address, health):
 
 @pytest.fixture
 def pool() -> Iterator[WorkerPool]:
-    pool = WorkerPool(2, in_process=True, config=_no_config)
+    pool = WorkerPool(["unified"] * 2, in_process=True, config=_no_config)
     yield pool
     pool.close()
 
