@@ -21,8 +21,8 @@ from inferflux.engine.messages import (
     StepStats,
     TokenLogprob,
 )
-from inferflux.engine.protocol import EmbeddingResult, ModelInfo, WorkerStatus
-from inferflux.errors import ModelLoadError
+from inferflux.engine.protocol import ChannelStats, EmbeddingResult, ModelInfo, WorkerStatus
+from inferflux.errors import InvalidRequest, ModelLoadError
 
 FAKE_VOCAB = 259  # 3 specials + 256 bytes
 FAKE_BOS = 1
@@ -129,6 +129,11 @@ class FakeEngineClient:
         default_factory=list
     )
     scaled: list[int] = field(default_factory=list)  # every scale(n), in order
+    scaled_roles: list[str | None] = field(default_factory=list)  # each scale's role
+    # disaggregated mode: the KV channel's counters (None: unified) and the workers
+    # `workers()` lists instead of its one unified worker
+    channel_stats: ChannelStats | None = None
+    statuses: list[WorkerStatus] | None = None
 
     async def start(self) -> None:
         self.started = True
@@ -198,12 +203,22 @@ class FakeEngineClient:
         return EmbeddingResult(vectors, sum(len(ids) for ids in inputs))
 
     def workers(self) -> list[WorkerStatus]:
+        if self.statuses is not None:
+            return list(self.statuses)
         stats = EngineStats(num_running=1, num_steps=5)
         return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats, load_s=0.5)]
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]:
+        """Records the count and role; a role refused as WorkerPoolClient refuses it."""
+        disaggregated = self.channel_stats is not None
+        if role is not None and (not disaggregated or role not in ("prefill", "decode")):
+            raise InvalidRequest(f"no '{role}' pool to scale", param="role")
         self.scaled.append(num_workers)
+        self.scaled_roles.append(role)
         return self.workers()
+
+    def channel(self) -> ChannelStats | None:
+        return self.channel_stats
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self.step_observers.append(observer)

@@ -164,8 +164,8 @@ def create_app(
     )
     models: ModelHub | None = None
     telemetry = make_telemetry(
-        settings, lambda: models.workers() if models else [], model_info, tracer_provider
-    )
+        settings, lambda: models.workers() if models else [], model_info, tracer_provider,
+        lambda: models.channels() if models else [])  # fmt: skip
     access = security or build_security(settings)
     if telemetry.metrics is not None:
         replication = access.sync.status if access.sync is not None else None
