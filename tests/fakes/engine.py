@@ -19,6 +19,7 @@ from inferflux.engine.messages import (
     FinishReason,
     RequestDelta,
     StepStats,
+    TicketStats,
     TokenLogprob,
 )
 from inferflux.engine.protocol import ChannelStats, EmbeddingResult, ModelInfo, WorkerStatus
@@ -238,3 +239,26 @@ def _fake_logprob(token_id: int, k: int) -> TokenLogprob:
     """The token at logprob -0.5; its top list: itself, then token_id + 1 at -1.5, ..."""
     top = [(token_id, -0.5)] + [(token_id + i, -0.5 - i) for i in range(1, k)]
     return TokenLogprob(token_id, -0.5, top[:k])
+
+
+def pool_status(
+    worker_id: int,
+    role: str,
+    *,
+    ready: bool = True,
+    num_waiting: int = 0,
+    num_in_flight: int = 0,
+    tickets: TicketStats | None = None,
+    draining: bool = False,
+) -> WorkerStatus:
+    """A worker of a disaggregated pool as the real client lists it (for `statuses`)."""
+    stats = EngineStats(num_waiting=num_waiting, role=role, tickets=tickets)
+    return WorkerStatus(
+        worker_id, 5000 + worker_id, ready, 0, num_in_flight, stats, draining=draining, role=role
+    )
+
+
+def fake_channel(**counts: int) -> ChannelStats:
+    """The KV channel's counters (`FakeEngineClient.channel_stats`): zeros but `counts`."""
+    fields = dict.fromkeys(ChannelStats.__dataclass_fields__, 0)
+    return ChannelStats(**{**fields, "capacity": 8, **counts})
