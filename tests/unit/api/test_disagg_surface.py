@@ -6,6 +6,7 @@ workers, real tickets) are tested in tests/integration."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -246,3 +247,10 @@ async def test_the_transfer_histogram_is_there_from_start_in_disaggregated_mode(
     families, samples = await scrape(disagg_client)
     assert families["inferflux_kv_transfer_seconds"].type == "histogram"
     assert samples[("inferflux_kv_transfer_seconds_count", ())] == 0
+
+
+def test_every_disaggregated_family_is_documented() -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "observability.md").read_text()
+    for name, kind in DISAGG_FAMILIES.items():
+        exposed = f"{name}_total" if kind == "counter" else name
+        assert f"| `{exposed}` |" in docs, exposed
