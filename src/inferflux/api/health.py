@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from inferflux.api.drain import REFUSED
 from inferflux.api.errors import error_response
 from inferflux.api.openapi import error_doc
-from inferflux.api.pools import pool_summary
+from inferflux.api.pools import pool_summary, takes_requests
 from inferflux.api.state import StateDep
 from inferflux.errors import NoWorkerReady, ShuttingDown
 from inferflux.models.serving import ServedEngine
@@ -45,15 +45,15 @@ async def ready(state: StateDep) -> Response:
     engine = state.models.default_serving().engine
     if engine.channel() is not None:
         return _pools_ready(engine)
-    if not engine.ready:
+    if not takes_requests(engine):
         return error_response(NoWorkerReady("no engine worker is ready yet"))
     return Response(_OK, media_type="application/json")
 
 
 def _pools_ready(engine: ServedEngine) -> Response:
-    pools = pool_summary(engine.workers(), engine.channel())
-    if not pools["decode"]["ready"]:
+    if not takes_requests(engine):
         return error_response(NoWorkerReady("no decode worker is ready yet"))
+    pools = pool_summary(engine.workers(), engine.channel())
     status = "ok" if all(pool["ready"] for pool in pools.values()) else "degraded"
     sizes = {role: {"ready": p["ready"], "size": p["size"]} for role, p in pools.items()}
     return JSONResponse({"status": status, "pools": sizes})

@@ -1,9 +1,10 @@
 """The worker pools of a model in disaggregated mode (`scheduler.mode`), as /readyz,
 /server/stats and /v1/admin/workers show them.
 
-Owns `POOL_ROLES`, `pool_summary` (per pool: size, ready, queue depth, in flight) and
-`channel_json`. Reads only `WorkerStatus` snapshots and `ChannelStats` (no engine round
-trip). Does not own the pools themselves (engine/client.py) nor their metrics
+Owns `POOL_ROLES`, `pool_summary` (per pool: size, ready, queue depth, in flight),
+`channel_json` and `takes_requests` (the readiness rule of /readyz and gRPC health).
+Reads only `WorkerStatus` snapshots and `ChannelStats` (no engine round trip). Does not
+own the pools themselves (engine/client.py) nor their metrics
 (observability/disagg_metrics.py).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from inferflux.engine.protocol import ChannelStats, WorkerStatus
+from inferflux.models.serving import EngineControl
 
 POOL_ROLES = ("prefill", "decode")
 
@@ -42,3 +44,12 @@ def pool_summary(
 def channel_json(channel: ChannelStats | None) -> dict[str, int] | None:
     """The KV channel's counters as JSON (None in unified mode)."""
     return dataclasses.asdict(channel) if channel is not None else None
+
+
+def takes_requests(engine: EngineControl) -> bool:
+    """Whether the engine can serve a request now: a ready worker in unified mode, a ready
+    decode worker in disaggregated mode (without a ready prefill worker the decode
+    workers compute prompts themselves: degraded, not down)."""
+    if engine.channel() is None:
+        return engine.ready
+    return any(s.ready and not s.draining and s.role == "decode" for s in engine.workers())

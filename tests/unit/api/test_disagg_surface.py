@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferflux.api import create_app
+from inferflux.api.pools import takes_requests
 from inferflux.config.settings import Settings
 from inferflux.engine.messages import StepStats, TicketStats
 from tests.fakes.engine import (
@@ -254,3 +255,15 @@ def test_every_disaggregated_family_is_documented() -> None:
     for name, kind in DISAGG_FAMILIES.items():
         exposed = f"{name}_total" if kind == "counter" else name
         assert f"| `{exposed}` |" in docs, exposed
+
+
+def test_takes_requests_is_the_one_readiness_rule() -> None:
+    """/readyz and gRPC health: a ready worker; in disaggregated mode a ready decode one."""
+    engine = FakeEngineClient()
+    assert takes_requests(engine)
+    engine.ready = False
+    assert not takes_requests(engine)
+    disaggregate(engine, prefill_ready=False, decode_ready=(False, True))
+    assert takes_requests(engine)  # degraded: decode workers compute the prompts
+    disaggregate(engine, decode_ready=(False, False))
+    assert not takes_requests(engine)
