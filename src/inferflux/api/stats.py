@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from inferflux import __version__
 from inferflux.api.model_sync import replication_json
 from inferflux.api.openai.models import model_card
-from inferflux.api.pools import channel_json, pool_summary
+from inferflux.api.pools import channel_json, pool_summary, takes_requests
 from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
 from inferflux.engine.messages import KvTierStats
@@ -163,7 +163,7 @@ async def server_stats(
     return {
         "version": __version__,
         "uptime_s": round(time.monotonic() - serving.started_at, 3),
-        "ready": serving.engine.ready,
+        "ready": takes_requests(serving.engine),
         "model": model_card(serving.model_info),
         "num_workers": len(statuses),
         "num_in_flight": sum(status.num_in_flight for status in statuses),

@@ -118,6 +118,8 @@ async def test_stats_show_each_pool_and_the_channel(
     }  # fmt: skip
     assert [w["role"] for w in body["workers"]] == ["prefill", "decode", "decode"]
     assert body["workers"][0]["tickets"]["written"] == 10
+    disaggregate(engine, decode_ready=(False, False))
+    assert (await client.get("/server/stats")).json()["ready"] is False
 
 
 # -- /v1/admin/workers --------------------------------------------------------------------
