@@ -3,7 +3,8 @@
 Owns: `Metrics`, which creates every metric of one app on its own `CollectorRegistry`
 (tests build many apps in one process), and the histogram buckets. `WorkerCollector`
 (observability/worker_metrics.py) turns the latest per-worker engine state into gauges
-and counters at scrape time; `Metrics` registers it.
+and counters at scrape time, `DisaggCollector` (observability/disagg_metrics.py) the KV
+channel's and tickets' in disaggregated mode; `Metrics` registers both.
 Does not own: where the numbers come from. The API process's exporter
 (`api/telemetry.py`) calls the `observe_*` / `count_*` verbs with values taken from HTTP
 requests, engine deltas and the engine's per-step `StepStats`.
