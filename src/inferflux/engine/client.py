@@ -24,17 +24,21 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
+import msgspec
 import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
+from inferflux.engine.disagg_flow import DisaggregatedFlow
 from inferflux.engine.embed_dispatch import EmbedDispatch
 from inferflux.engine.messages import (
     AddRequest,
     EmbedResult,
     FinishReason,
+    KvTicket,
     Pong,
     Reconfigure,
     RequestDelta,
@@ -57,10 +61,17 @@ from inferflux.engine.protocol import (
 from inferflux.engine.routing import RouteRequest, WorkerLoad, make_worker_router
 from inferflux.engine.worker import WorkerConfig, worker_config
 from inferflux.engine.worker_pool import MAX_RESUBMITS, RESUBMIT_WAIT_S, PoolWorker, WorkerPool
-from inferflux.errors import EngineDeadError, ModelLoadError, QueueFull, QueueTimeout
+from inferflux.errors import (
+    EngineDeadError,
+    InvalidRequest,
+    ModelLoadError,
+    QueueFull,
+    QueueTimeout,
+)
 
 logger = logging.getLogger(__name__)
 
+_SWEEP_EVERY_S = 5.0  # orphaned KV ticket files (disaggregated mode): engine/ticket_slots.py
 # Finishes after which a worker caches the request's prompt and output (engine/core.py).
 _CACHED_FINISHES = frozenset({FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH})
 
@@ -100,6 +111,8 @@ def _cached_tokens(request: AddRequest, last: RequestDelta, output: list[int]) -
     """The tokens a finished request left in its worker's prefix cache: its prompt and
     every output token but the last (sampled, never decoded); None unless it finished
     normally (an aborted or failed one may have computed less)."""
+    if last.finish_reason is FinishReason.HANDOFF:
+        return request.prompt_token_ids[:-1]  # a prefill worker computed all but the last
     if last.finish_reason not in _CACHED_FINISHES:
         return None
     return request.prompt_token_ids + output[:-1]
@@ -118,12 +131,27 @@ class WorkerPoolClient:
         self._n_batch = settings.scheduler.max_batch_tokens  # the contexts' batch, for good
         self._reconfigured = False  # a live change happened: workers get it once ready
         self._router = make_worker_router()  # reads settings.scheduler.routing per request
+        self._prefill_router = make_worker_router()  # the prefill pool's (disaggregated)
         self._init_collaborators(settings)
 
     def _init_collaborators(self, settings: Settings) -> None:
-        runtime = settings.runtime
-        self._pool = WorkerPool(
-            runtime.workers, in_process=runtime.in_process, config=self._worker_config
+        runtime, scheduler = settings.runtime, settings.scheduler
+        disaggregated = scheduler.mode == "disaggregated"
+        roles = (
+            ["prefill"] * scheduler.prefill_pool_size + ["decode"] * scheduler.decode_pool_size
+            if disaggregated
+            else ["unified"] * runtime.workers
+        )
+        self._pool = WorkerPool(roles, in_process=runtime.in_process, config=self._worker_config)
+        self._flow = (
+            DisaggregatedFlow(
+                self._pool,
+                lambda: self.settings,
+                stream=self._generate_on,
+                pick_prefill=lambda r: self._pick_worker(r, prefill=True),
+            )
+            if disaggregated
+            else None
         )
         if runtime.kv_persistence.enabled:  # the worker writes its KV snapshot on stop
             self._pool.shutdown_join_s += runtime.kv_persistence.shutdown_budget_s
@@ -139,9 +167,21 @@ class WorkerPoolClient:
         return self._pool.ready
 
     async def start(self) -> None:
+        if self._flow is not None:
+            self._flow.slots.open()
         await self._pool.open(self._on_output)
         self._tasks = [asyncio.create_task(self._watchdog.run(), name="engine-watchdog")]
+        if self._flow is not None:
+            self._tasks.append(asyncio.create_task(self._sweep_tickets(), name="kv-sweep"))
         await self._wait_first_ready()
+
+    async def _sweep_tickets(self) -> None:
+        """Delete orphaned ticket files now and then (kill -9 between write and delete)."""
+        assert self._flow is not None
+        while True:
+            await asyncio.sleep(_SWEEP_EVERY_S)
+            if removed := self._flow.slots.sweep():
+                logger.warning("removed %d orphaned KV ticket files", removed)
 
     async def _wait_first_ready(self) -> None:
         deadline = time.monotonic() + self.settings.runtime.worker_start_timeout_s
@@ -166,17 +206,38 @@ class WorkerPoolClient:
         for worker in self._pool.workers.values():
             self._fail_in_flight(worker, EngineDeadError("the server is shutting down"))
         self._pool.close()
+        if self._flow is not None:
+            self._flow.slots.close()
 
     async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
-        # NOTE: a worker can die before the watchdog notices; a request it had not
-        # produced anything for yet is resubmitted to another ready worker (spec REQ 9.4).
-        # One that already streamed output fails: its sampling state died with the worker.
         self._check_backpressure()
+        stream = (
+            self._serve(request)
+            if self._flow is None
+            else self._flow.generate(request, self._serve)
+        )
+        async with contextlib.aclosing(stream) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def _serve(
+        self, request: AddRequest, ticket: KvTicket | None = None
+    ) -> AsyncGenerator[RequestDelta, None]:
+        """Stream `request` from a worker clients stream from (hydrating `ticket` there
+        first, in disaggregated mode).
+
+        NOTE: a worker can die before the watchdog notices; a request it had not produced
+        anything for yet is resubmitted to another ready worker (spec REQ 9.4), without its
+        ticket (that worker may have consumed it: the prompt is computed). One that
+        already streamed output fails: its sampling state died with the worker."""
         for attempt in range(MAX_RESUBMITS + 1):
-            worker = self._pick_worker(request)
+            sent = request
+            if ticket is not None and attempt == 0:
+                sent = msgspec.structs.replace(request, kv_ticket=ticket)
+            worker = self._pick_worker(sent)
             produced = False
             try:
-                async for delta in self._generate_on(worker, request):
+                async for delta in self._generate_on(worker, sent):
                     if delta.finish_reason is FinishReason.TIMEOUT:
                         raise QueueTimeout(
                             "the request waited in the queue longer than "
@@ -218,7 +279,7 @@ class WorkerPoolClient:
 
     async def _generate_on(
         self, worker: PoolWorker, request: AddRequest
-    ) -> AsyncIterator[RequestDelta]:
+    ) -> AsyncGenerator[RequestDelta, None]:
         queue: asyncio.Queue[RequestDelta | Exception] = asyncio.Queue()
         request_id = request.request_id
         self._queues[request_id] = (queue, worker)
@@ -244,7 +305,8 @@ class WorkerPoolClient:
                     return
         finally:
             self._forget(request_id)
-            self._router.finish(request_id, _cached_tokens(request, last, output))
+            router = self._prefill_router if worker.role == "prefill" else self._router
+            router.finish(request_id, _cached_tokens(request, last, output))
             if not finished:
                 await self._pool.send_abort(worker, request_id)
 
@@ -272,6 +334,7 @@ class WorkerPoolClient:
                 backend=w.backend,
                 requested_backend=w.requested_backend,
                 fallback_reason=w.fallback_reason,
+                role=w.role,
             )
             for w in self._pool.workers.values()
         ]
@@ -280,7 +343,7 @@ class WorkerPoolClient:
         self._step_observers.append(observer)
 
     def channel(self) -> ChannelStats | None:
-        return None
+        return self._flow.slots.stats() if self._flow is not None else None
 
     async def reconfigure(
         self, scheduler: SchedulerSettings, observability: ObservabilitySettings
@@ -306,12 +369,17 @@ class WorkerPoolClient:
                 worker.socket.send(encode(message), zmq.NOBLOCK)
 
     # -- routing and dispatch -------------------------------------------------------------
-    def _pick_worker(self, request: AddRequest | None = None) -> PoolWorker:
+    def _pick_worker(
+        self, request: AddRequest | None = None, *, prefill: bool = False
+    ) -> PoolWorker:
         """The worker for `request` by `scheduler.routing` (engine/routing.py), read now so
-        a live change applies at once; the least-loaded one for an embedding (None)."""
-        loads = [_load(w) for w in self._pool.workers.values()]
+        a live change applies at once; the least-loaded one for an embedding (None). Only
+        workers clients stream from, or only prefill workers (`prefill`), each pool with
+        a router of its own."""
+        router = self._prefill_router if prefill else self._router
+        loads = [_load(w) for w in self._pool.workers.values() if w.serves != prefill]
         if request is None:
-            worker_id = self._router.route_any(loads)
+            worker_id = router.route_any(loads)
         else:
             route = RouteRequest(
                 request.request_id,
@@ -319,7 +387,7 @@ class WorkerPoolClient:
                 request.sampling.max_tokens,
                 request.cache_namespace,
             )
-            worker_id = self._router.route(route, loads, self.settings.scheduler).worker_id
+            worker_id = router.route(route, loads, self.settings.scheduler).worker_id
         return self._pool.workers[worker_id]
 
     def _forget(self, request_id: str) -> None:
@@ -379,11 +447,23 @@ class WorkerPoolClient:
     async def embed(self, inputs: list[list[int]], *, normalize: bool = True) -> EmbeddingResult:
         return await self._embeds.embed(inputs, normalize=normalize)
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
-        """Run `num_workers` workers from now on (engine/protocol.py has the contract;
-        engine/pool_scaling.py does it)."""
-        await self._scaler.scale(num_workers)
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]:
+        """Run `num_workers` workers (of `role`'s pool) from now on (engine/protocol.py
+        has the contract; engine/pool_scaling.py does it)."""
+        await self._scaler.scale(num_workers, self._scaled_role(role))
         return self.workers()
+
+    def _scaled_role(self, role: str | None) -> str:
+        """The pool `scale` changes: None is the one clients stream from."""
+        if self._flow is None:
+            if role not in (None, "unified"):
+                raise InvalidRequest(
+                    "role applies in disaggregated mode only (scheduler.mode)", param="role"
+                )
+            return "unified"
+        if role not in (None, "prefill", "decode"):
+            raise InvalidRequest('role must be "prefill" or "decode"', param="role")
+        return role or "decode"
 
     def _on_ready(self, worker: PoolWorker) -> None:
         """`worker` joined the rotation (engine/pool_watchdog.py): it gets the live
@@ -407,9 +487,26 @@ class WorkerPoolClient:
             exit_with_parent=not self.settings.runtime.in_process,
             health_address=health,
         )
+        if worker.role != "unified":
+            config = self._with_role(config, worker.role, num_workers)
         if worker.cpu_fallback is None:
             return config
         return dataclasses.replace(config, cpu_fallback_reason=worker.cpu_fallback)
+
+    def _with_role(self, config: WorkerConfig, role: str, num_workers: int) -> WorkerConfig:
+        """A prefill or decode worker's config: its pool's threads and CPUs
+        (scheduler.disaggregated). Unset threads share the pool's CPUs among its workers,
+        or with no CPUs named, the machine's cores among all workers."""
+        settings = self.settings.scheduler.disaggregated
+        cpus = settings.prefill_cpus if role == "prefill" else settings.decode_cpus
+        threads = settings.prefill_threads if role == "prefill" else settings.decode_threads
+        if threads is None:
+            threads = self.settings.runtime.n_threads
+        if threads is None:
+            share = max(1, self._pool.num_active(role)) if cpus else max(1, num_workers)
+            threads = max(1, (len(cpus) or os.cpu_count() or 1) // share)
+        context = dataclasses.replace(config.context, n_threads=threads, n_threads_batch=threads)
+        return dataclasses.replace(config, context=context, role=role, cpus=tuple(cpus))
 
 
 def make_engine_client(settings: Settings, model_info: ModelInfo) -> EngineClient:

@@ -8,7 +8,9 @@ llama.cpp calls (backends/). Thread rule: one thread calls every method.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass, fields
@@ -20,6 +22,7 @@ from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHan
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.image_prep import ImagePreparer, ImagePromptError, PreparedPrompt
+from inferflux.engine.kv_channel import Handoffs, KvChannelEnd
 from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
@@ -47,7 +50,7 @@ from inferflux.errors import (
     KvCacheFull,
 )
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
-from inferflux.scheduler.request import KvFree, KvOp, KvRestore, PriorityClass
+from inferflux.scheduler.request import KvFree, KvHydrate, KvOp, KvRestore, PriorityClass
 
 _PRIORITY_CLASS = {
     Priority.HIGH: PriorityClass.HIGH,
@@ -56,7 +59,13 @@ _PRIORITY_CLASS = {
 }
 # Finishes whose KV is worth keeping for a next turn (errors leave the KV undefined).
 _CACHEABLE = frozenset(
-    {FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH, FinishReason.ABORT}
+    {
+        FinishReason.STOP,
+        FinishReason.STOP_SEQUENCE,
+        FinishReason.LENGTH,
+        FinishReason.ABORT,
+        FinishReason.HANDOFF,
+    }
 )
 
 # how long a step with nothing but held-back requests waits for them to become ready
@@ -107,10 +116,14 @@ class EngineCore:
         *,
         kv_offload: KvOffload | None = None,
         images: ImagePreparer | None = None,
+        channel: KvChannelEnd | None = None,
+        role: str = "unified",
     ) -> None:
         """`speculator`: speculative decoding (None = off); it becomes the scheduler's
         draft proposer. `kv_offload`: the prefix cache's host/disk tiers (kv_offload.py).
-        `images`: a model with an mmproj (image_prep.py); None = text only."""
+        `images`: a model with an mmproj (image_prep.py); None = text only. `channel`:
+        disaggregated mode's KV hand-off (kv_channel.py), None in unified mode; `role`
+        "prefill" | "decode" | "unified"."""
         self.backend = backend
         self.images = images
         self.scheduler = scheduler
@@ -124,6 +137,8 @@ class EngineCore:
         self._recorder = StepRecorder()
         self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
         self.memory = MemoryWatch()
+        self.role = role
+        self.handoffs = Handoffs(channel) if channel is not None else None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._deferred) or self._preparing()
@@ -151,9 +166,12 @@ class EngineCore:
         if message.sampling.constraint is not None and not self.backend.constraints_ready():
             self._deferred.append(message)
             return []
+        handoff = self._handoff_of(message, prepared)
+        prompt = prepared.token_ids if prepared else message.prompt_token_ids
         request = Request(
             request_id=RequestId(message.request_id),
-            prompt_token_ids=prepared.token_ids if prepared else message.prompt_token_ids,
+            # a prefill worker computes all but the last token (`_hand_off`)
+            prompt_token_ids=prompt[:-1] if handoff else prompt,
             max_tokens=prepared.max_tokens if prepared else message.sampling.max_tokens,
             priority=_PRIORITY_CLASS[message.priority],
             cache_namespace=message.cache_namespace,
@@ -176,6 +194,7 @@ class EngineCore:
             logger.exception("could not build the sampler of %s", message.request_id)
             self._unpin(message.request_id)
             return [_error_delta(message.request_id, "invalid sampling parameters", 0)]
+        self._take_ticket(message, request, handoff)
         self.scheduler.add(request)
         if self.speculator is not None:  # n-grams over pseudo tokens would draft them
             enabled = message.sampling.speculative and not message.images
@@ -188,6 +207,27 @@ class EngineCore:
             prompt_logprobs=[None] if message.sampling.prompt_logprobs is not None else None,
         )
         return []
+
+    def _handoff_of(self, message: AddRequest, prepared: PreparedPrompt | None) -> bool:
+        """True when this prefill worker hands `message` off (writes a ticket) instead of
+        decoding it: the API asks so only for text prompts of two tokens or more."""
+        return bool(message.ticket_path) and self.handoffs is not None and prepared is None
+
+    def _take_ticket(self, message: AddRequest, request: Request, handoff: bool) -> None:
+        """Remember where a prefill request's ticket goes, or which ticket a decode request
+        hydrates. A ticket that cannot apply (this worker has no channel, or it covers
+        anything but the prompt's first n-1 tokens) is dropped: the prompt is computed."""
+        handoffs, ticket = self.handoffs, message.kv_ticket
+        if handoff and handoffs is not None:
+            handoffs.expect_out(request.request_id, message.ticket_path)
+        elif ticket is not None:
+            if handoffs is None or ticket.n_tokens != request.num_prompt_tokens - 1:
+                logger.warning("the KV ticket of %s does not apply here", request.request_id)
+                with contextlib.suppress(OSError):
+                    os.unlink(ticket.path)
+                return
+            request.ticket_tokens = ticket.n_tokens
+            handoffs.expect_in(request.request_id, ticket)
 
     def _reject_reason(self, request: Request) -> str | None:
         if request.request_id in self._states:
@@ -366,7 +406,10 @@ class EngineCore:
         )
         last_prompt, last_generated = self._taken_tokens
         self._taken_tokens = (prompt, generated)
-        return self._recorder.take(prompt - last_prompt, generated - last_generated)
+        step = self._recorder.take(prompt - last_prompt, generated - last_generated)
+        if step is not None and self.handoffs is not None:
+            step.transfer_s = self.handoffs.end.recorder.take_transfer_s()
+        return step
 
     def wait_s(self) -> float:
         """How long the worker may sleep before `step()` has work (0 = run now)."""
@@ -375,6 +418,8 @@ class EngineCore:
         return self.scheduler.idle_wait_s()
 
     def _n_logits(self, chunk: ScheduledChunk) -> int:
+        if self.handoffs is not None and self.handoffs.sends(chunk.request.request_id):
+            return 0  # a hand-off samples nothing: its decode worker computes the last token
         if _scores_prompt(chunk, self._states[chunk.request.request_id]):
             return len(chunk.token_ids)
         return 1 + len(chunk.draft_token_ids) if chunk.sample else 0
@@ -391,11 +436,9 @@ class EngineCore:
         for op in ops:
             if isinstance(op, KvFree):
                 self.backend.free_seq(op.seq_id)
-            elif isinstance(op, KvRestore):
-                if self.kv_offload is None or not self.kv_offload.restore(
-                    op.key, op.dst, op.n_tokens
-                ):
-                    self.scheduler.cache_copy_failed(op.request)  # restore() logged why
+            elif isinstance(op, KvRestore | KvHydrate):
+                if not self._load_kv(op):  # logged why
+                    self.scheduler.cache_copy_failed(op.request)
                     recompute.add(op.request.request_id)
             elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
                 continue
@@ -419,6 +462,8 @@ class EngineCore:
             self.speculator.forget(request.request_id)
         state = self._states.pop(request.request_id)
         state.sampler.close()
+        if self.handoffs is not None:
+            self.handoffs.drop(request.request_id)
         delta = _delta(request, "", [])
         delta.finish_reason = FinishReason.TIMEOUT
         delta.error = "the request waited in the queue longer than scheduler.queue_timeout_s"
@@ -438,9 +483,45 @@ class EngineCore:
                 self._stats.num_prompt_tokens_total += len(chunk.token_ids)
             if chunk.draft_token_ids:
                 deltas.append(self._verify(chunk, row))
+            elif chunk.sample and self.handoffs and self.handoffs.sends(request.request_id):
+                deltas.append(self._hand_off(request, chunk.seq_id))
             elif chunk.sample:
                 deltas.append(self._sample_isolated(chunk, row))
         return deltas
+
+    def _load_kv(self, op: KvRestore | KvHydrate) -> bool:
+        """Load a lower-tier cache entry or a hand-off ticket into the op's sequence."""
+        if isinstance(op, KvRestore):
+            return self.kv_offload is not None and self.kv_offload.restore(
+                op.key, op.dst, op.n_tokens
+            )
+        request = op.request
+        if self.handoffs is None:
+            return False
+        ticket = self.handoffs.hydrate(
+            request.request_id,
+            op.dst,
+            request.prompt_token_ids[: op.n_tokens],
+            request.cache_namespace,
+        )
+        if ticket is None:
+            return False
+        request.num_cached_tokens = ticket.num_cached_tokens  # the prefill worker's hit
+        return True
+
+    def _hand_off(self, request: Request, seq_id: int) -> RequestDelta:
+        """Prefill side: the prompt but its last token is computed: write the KV ticket
+        and finish (HANDOFF, its prefix cached here). A ticket that cannot be written
+        finishes HANDOFF without one: the API then runs the prompt on a decode worker."""
+        assert self.handoffs is not None  # only with one (`_handoff_of`)
+        ticket = self.handoffs.write(
+            request.request_id, seq_id, request.prompt_token_ids, request.cache_namespace
+        )
+        delta = self._finish(request, FinishReason.HANDOFF, "")
+        if ticket is not None:
+            ticket.num_cached_tokens = request.num_cached_tokens
+        delta.ticket = ticket
+        return delta
 
     def _verify(self, chunk: ScheduledChunk, row: int) -> RequestDelta:
         """Emit the tokens a draft yields (engine/spec_verify.py), record its outcome and
@@ -537,6 +618,8 @@ class EngineCore:
         self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)
         self._unpin(request.request_id)
+        if self.handoffs is not None:
+            self.handoffs.drop(request.request_id)
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             text += state.stop.push(state.detokenizer.flush())[0] + state.stop.flush()
         state.sampler.close()
@@ -572,6 +655,12 @@ class EngineCore:
             kv_tiers=_tier_stats(self.kv_offload),
             speculative=_spec_stats(self.speculator),
             images=_image_stats(self.images),
+            role=self.role,
+            tickets=(
+                msgspec.structs.replace(self.handoffs.end.recorder.stats)
+                if self.handoffs is not None
+                else None
+            ),
         )
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """A sequence's KV as versioned bytes: the one primitive behind the host and disk cache
-tiers and restart persistence (DESIGN.md §6).
+tiers and restart persistence, and the prefill → decode hand-off tickets (DESIGN.md §6).
 
 Owns: the blob format and its checks. Does not own: getting the bytes out of llama.cpp
 (`LlamaCppBackend.save_seq` / `load_seq`), where blobs are kept (kv_tiers.py), or when to
@@ -88,6 +88,38 @@ def decode_blob(data: bytes | memoryview, *, model_id: str, layout: Layout) -> K
     if zlib.crc32(payload, zlib.crc32(head)) != crc:
         raise KvStateRefused("checksum mismatch: the bytes are corrupt")
     header = _decode_header(head)
+    _check_fingerprint(header, model_id, layout)
+    if not payload:
+        raise KvStateRefused("empty sequence state")
+    return KvBlob(header=header, payload=bytes(payload))
+
+
+def ticket_head(header: BlobHeader, payload_size: int) -> bytes:
+    """The leading bytes of a hand-off ticket (engine/kv_channel.py) whose `payload_size`
+    bytes of sequence state llama.cpp writes right after them, in shared memory.
+
+    NOTE: a ticket's crc32 field is 0: it is never checked. The bytes go from one process's
+    memory to another's through tmpfs on one node (no disk, no network to corrupt them),
+    and a crc over a 4k-token sequence (~90 MB) costs more than the whole hand-off. The
+    fingerprint (model, layout, tokens) is checked as for any blob (`check_ticket`)."""
+    del payload_size  # the payload's length is the file's rest
+    head = msgspec.msgpack.encode(header)
+    return _PREFIX.pack(MAGIC, VERSION, len(head), 0) + head
+
+
+def check_ticket(head: bytes, payload_size: int, *, model_id: str, layout: Layout) -> BlobHeader:
+    """The header of a ticket whose first bytes (through its header: `header_end`) are
+    `head`, after checking the format, model and layout (not a checksum: `ticket_head`).
+    Raises KvStateRefused."""
+    raw, _, _ = _split(head)
+    header = _decode_header(raw)
+    _check_fingerprint(header, model_id, layout)
+    if payload_size <= 0:
+        raise KvStateRefused("empty sequence state")
+    return header
+
+
+def _check_fingerprint(header: BlobHeader, model_id: str, layout: Layout) -> None:
     if header.model_id != model_id:
         raise KvStateRefused(
             f"written for model {header.model_id[:16]}…, this worker serves {model_id[:16]}…"
@@ -96,9 +128,6 @@ def decode_blob(data: bytes | memoryview, *, model_id: str, layout: Layout) -> K
         changed = sorted(k for k in layout.keys() | header.layout.keys()
                          if layout.get(k) != header.layout.get(k))  # fmt: skip
         raise KvStateRefused(f"written for another KV layout (differs in {', '.join(changed)})")
-    if not payload:
-        raise KvStateRefused("empty sequence state")
-    return KvBlob(header=header, payload=bytes(payload))
 
 
 def _split(data: bytes | memoryview) -> tuple[bytes, memoryview, int]:

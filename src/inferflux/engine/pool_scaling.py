@@ -42,23 +42,23 @@ class PoolScaler:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
 
-    async def scale(self, num_workers: int) -> None:
-        """Run `num_workers` workers from now on (engine/protocol.py has the contract).
-        Changes run one at a time; the removed workers drain in the background."""
+    async def scale(self, num_workers: int, role: str = "unified") -> None:
+        """Run `num_workers` workers of `role` from now on (engine/protocol.py has the
+        contract). Changes run one at a time; the removed workers drain in the background."""
         if not 1 <= num_workers <= MAX_WORKERS:
             raise InvalidRequest(
                 f"workers must be 1..{MAX_WORKERS}, not {num_workers}", param="workers"
             )
         async with self._lock:
-            active = [w for w in self._pool.workers.values() if not w.draining]
+            active = [w for w in self._pool.workers.values() if not w.draining and w.role == role]
             if num_workers > len(active):
-                added = [self._pool.add() for _ in range(num_workers - len(active))]
+                added = [self._pool.add(role) for _ in range(num_workers - len(active))]
                 await self._wait_loaded(added)
             elif num_workers < len(active):
                 # out of rotation first: never ready, then the fewest in flight
                 by_cost = sorted(active, key=lambda w: (w.ready, len(w.in_flight)))
                 self._remove(by_cost[: len(active) - num_workers])
-            logger.info("workers scaled from %d to %d", len(active), num_workers)
+            logger.info("%s workers scaled from %d to %d", role, len(active), num_workers)
 
     def cancel(self) -> None:
         """The server stops: give up on the drains in progress (shutdown stops them all)."""

@@ -44,6 +44,7 @@ from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQu
 from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.heartbeat import Heartbeat, StepClock
 from inferflux.engine.image_prep import ImagePreparer, ImageRows
+from inferflux.engine.kv_channel import KvChannelEnd, ticket_model_id
 from inferflux.engine.kv_setup import build_kv_offload, model_identity, tiers_enabled
 from inferflux.engine.messages import (
     AbortRequests,
@@ -118,6 +119,8 @@ class WorkerConfig:
     mmproj: str = ""  # the model's multimodal projector (images in); "" = text only
     mmproj_sha256: str = ""  # checked before libmtmd reads the file; "" = no check
     image_max_pixels: int = 33_177_600  # multimodal.max_pixels (decode refuses more)
+    role: str = "unified"  # "prefill" | "decode": disaggregated mode (engine/kv_channel.py)
+    cpus: tuple[int, ...] = ()  # pin the process to these CPUs (sched_setaffinity); () = not
 
 
 def worker_config(
@@ -282,7 +285,19 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     if offload is not None:
         scheduler.lower_tiers = offload
     speculator = _speculator(config, backend)
-    return EngineCore(backend, scheduler, speculator, kv_offload=offload, images=images)
+    channel = None
+    if config.role != "unified":
+        adapters = tuple((a.path, a.sha256, a.scale) for a in config.adapters)
+        channel = KvChannelEnd(backend, ticket_model_id(path, config.model_sha256, adapters))
+    return EngineCore(
+        backend,
+        scheduler,
+        speculator,
+        kv_offload=offload,
+        images=images,
+        channel=channel,
+        role=config.role,
+    )
 
 
 def _image_preparer(
@@ -409,6 +424,13 @@ def worker_process_main(config: WorkerConfig) -> None:
     # shutdown, so the worker ignores SIGINT instead of dying mid-step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.observability, file_suffix=f".worker-{config.worker_id}")
+    if config.cpus:
+        try:
+            os.sched_setaffinity(0, config.cpus)
+        except OSError as exc:  # a CPU id the machine lacks: run unpinned, say so
+            logger.warning(
+                "worker %d: cannot pin to CPUs %s: %s", config.worker_id, config.cpus, exc
+            )
     run_worker(config)
 
 

@@ -74,6 +74,12 @@ class PoolWorker:
     fallback_reason: str | None = None  # why backend != requested_backend
     gpu_crashes: CrashHistory = field(default_factory=CrashHistory)  # deaths on the GPU
     cpu_fallback: str | None = None  # set: restarted on CPU from now on (this is why)
+    role: str = "unified"  # "prefill" | "decode" in disaggregated mode; kept on restart
+
+    @property
+    def serves(self) -> bool:
+        """True when requests stream from this worker (not a prefill worker)."""
+        return self.role != "prefill"
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -89,10 +95,11 @@ class WorkerPool:
     """The workers of one `WorkerPoolClient` (see the module docstring). `closing` is set
     once the server stops: nothing is started or waited for after that."""
 
-    def __init__(self, num_workers: int, *, in_process: bool, config: ConfigFactory) -> None:
-        self.workers = {i: PoolWorker(worker_id=i) for i in range(num_workers)}
+    def __init__(self, roles: list[str], *, in_process: bool, config: ConfigFactory) -> None:
+        """One worker per entry of `roles` ("unified", or "prefill" / "decode")."""
+        self.workers = {i: PoolWorker(worker_id=i, role=role) for i, role in enumerate(roles)}
         self.closing = False
-        self._next_worker_id = num_workers
+        self._next_worker_id = len(roles)
         self._in_process = in_process
         self._config = config
         self.shutdown_join_s = SHUTDOWN_JOIN_S  # + the KV snapshot's budget (client.py)
@@ -103,11 +110,13 @@ class WorkerPool:
     # -- the pool -----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return any(w.ready for w in self.workers.values())
+        """True while a worker requests can stream from is ready (not a prefill worker:
+        without one, a decode worker computes prompts itself)."""
+        return any(w.ready and w.serves for w in self.workers.values())
 
-    def num_active(self) -> int:
-        """Workers not being removed."""
-        return sum(1 for w in self.workers.values() if not w.draining)
+    def num_active(self, role: str | None = None) -> int:
+        """Workers not being removed (of `role` only, when given)."""
+        return sum(1 for w in self.workers.values() if not w.draining and role in (None, w.role))
 
     @property
     def output_path(self) -> str:
@@ -139,9 +148,9 @@ class WorkerPool:
             await asyncio.sleep(0.05)
 
     # -- one worker ---------------------------------------------------------------------
-    def add(self) -> PoolWorker:
+    def add(self, role: str = "unified") -> PoolWorker:
         """A new worker, with a new id, started."""
-        worker = PoolWorker(worker_id=self._next_worker_id)
+        worker = PoolWorker(worker_id=self._next_worker_id, role=role)
         self._next_worker_id += 1
         self.workers[worker.worker_id] = worker
         self.spawn(worker)

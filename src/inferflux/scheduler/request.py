@@ -55,6 +55,9 @@ class Request:
     # [begin, end) of each image's embedding rows in the prompt (engine/image_prep.py):
     # a chunk never mixes them with text, and takes an image's rows whole
     image_spans: tuple[tuple[int, int], ...] = ()
+    # disaggregated mode, decode side: the KV of this many prompt tokens arrives in a
+    # hand-off ticket, hydrated at admission (KvHydrate) instead of computed; 0 = none
+    ticket_tokens: int = 0
 
     @property
     def started(self) -> bool:
@@ -152,7 +155,17 @@ class KvRestore:
     request: Request
 
 
-KvOp = KvCopy | KvFree | KvRestore
+@dataclass(frozen=True, slots=True)
+class KvHydrate:
+    """Load the request's hand-off ticket (its first `n_tokens` prompt positions, written
+    by a prefill worker: engine/kv_channel.py) into sequence `dst`."""
+
+    dst: SeqId
+    n_tokens: int
+    request: Request
+
+
+KvOp = KvCopy | KvFree | KvRestore | KvHydrate
 
 
 @dataclass(frozen=True, slots=True)

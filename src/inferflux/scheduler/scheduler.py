@@ -60,6 +60,7 @@ from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
     KvFree,
+    KvHydrate,
     KvOp,
     KvRestore,
     PriorityClass,
@@ -364,6 +365,11 @@ class Scheduler:
     def _reuse_prefix(self, request: Request, seq_id: SeqId, kv_ops: list[KvOp]) -> None:
         """On a prefix-cache hit, copy the cached KV into the request's slot, or restore
         it from a lower tier when that holds a longer prefix (and is worth it)."""
+        if request.ticket_tokens:  # the prompt's KV arrives in a ticket (hand-off)
+            kv_ops.append(KvHydrate(seq_id, request.ticket_tokens, request))
+            request.num_computed_tokens = request.ticket_tokens
+            request.ticket_tokens = 0  # once: a preempted request resumes like any other
+            return
         cache = self.prefix_cache
         if cache is None or not request.use_prefix_cache:
             return

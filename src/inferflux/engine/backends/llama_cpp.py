@@ -15,6 +15,7 @@ import ctypes
 import functools
 import logging
 import math
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -36,6 +37,9 @@ from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_gra
 from inferflux.errors import EngineError, KvCacheFull, ModelLoadError
 
 logger = logging.getLogger(__name__)
+
+# what sequence state is written into or read from in place (a shared-memory map)
+WritableBuffer = mmap.mmap | bytearray
 
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Info is chatty: debug.
 _LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
@@ -571,13 +575,38 @@ class LlamaCppBackend:
         n = ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
         return ctypes.string_at(buf, n)
 
-    def load_seq(self, seq_id: int, data: bytes, n_tokens: int) -> bool:
-        """`seq_id` := the state in `data`, cut to its first `n_tokens` positions. False
-        (and `seq_id` empty) when llama.cpp refused the bytes or they held fewer positions:
-        a restore never silently does nothing."""
+    def seq_state_size(self, seq_id: int) -> int:
+        """Bytes `save_seq_into` writes for `seq_id` now."""
+        return int(ll.llama_state_seq_get_size(self._ctx, seq_id))
+
+    def save_seq_into(self, seq_id: int, buffer: WritableBuffer, offset: int, size: int) -> int:
+        """Write the KV of `seq_id` (`seq_state_size` bytes) straight into `buffer` (a
+        shared-memory map: no copy in between) from `offset`; the bytes written, 0 on
+        failure."""
+        view = (ctypes.c_uint8 * size).from_buffer(buffer, offset)
+        try:
+            return int(ll.llama_state_seq_get_data(self._ctx, view, size, seq_id))
+        finally:
+            del view  # NOTE: an exported pointer keeps an mmap from closing
+
+    def load_seq(
+        self, seq_id: int, data: bytes | WritableBuffer, n_tokens: int, offset: int = 0
+    ) -> bool:
+        """`seq_id` := the state in `data` (from `offset`), cut to its first `n_tokens`
+        positions. False (and `seq_id` empty) when llama.cpp refused the bytes or they held
+        fewer positions: a restore never silently does nothing. A writable buffer (a
+        shared-memory map) is read in place; `bytes` are copied once."""
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id) == 0:
+        size = len(data) - offset
+        if isinstance(data, bytes):
+            buf = (ctypes.c_uint8 * size).from_buffer_copy(data, offset)
+        else:
+            buf = (ctypes.c_uint8 * size).from_buffer(data, offset)
+        try:
+            loaded = ll.llama_state_seq_set_data(self._ctx, buf, size, seq_id)
+        finally:
+            del buf
+        if loaded == 0:
             ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
             return False
         pos_max = ll.llama_memory_seq_pos_max(self._memory, seq_id)

@@ -1,0 +1,147 @@
+"""`TicketSlots`: the KV channel of disaggregated prefill/decode, API side (a bounded
+set of hand-off tickets in shared memory).
+
+Owns: the private folder of ticket files (under `scheduler.disaggregated.path`, /dev/shm
+by default), naming each ticket, the channel's bound (`channel_capacity` tickets and
+`channel_max_mb` bytes in flight: a request waits for room before its prefill starts, up
+to `ticket_wait_s`, and is then counted blocked), deleting every ticket once its request
+is past it (whatever happened: hydrated, refused, cancelled, a worker killed), sweeping
+files no live ticket names, and the channel's counters. Does not own: writing or reading
+a ticket (the workers: engine/kv_channel.py) or the request flow (engine/client.py).
+
+The API process names every ticket and deletes it, so a ticket outlives neither its
+request nor the server, even when the worker that wrote it or was to read it is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from inferflux.config.disagg_settings import DisaggregatedSettings
+from inferflux.engine.messages import KvTicket
+from inferflux.engine.protocol import ChannelStats
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_SWEEP_AGE_S = 10.0  # a file no live ticket names, this old, is an orphan
+
+
+@dataclass(slots=True)
+class ChannelCounters:
+    handed_off: int = 0
+    blocked: int = 0
+    direct: int = 0
+    resubmitted: int = 0
+
+
+class TicketSlots:
+    """The channel's tickets (see the module docstring). Event loop only."""
+
+    def __init__(self, settings: Callable[[], DisaggregatedSettings]) -> None:
+        self._settings = settings  # read per request: the live config applies at once
+        self._dir = ""
+        self._names = itertools.count()
+        self._in_flight: dict[str, int] = {}  # ticket path → its estimated bytes
+        self._freed = asyncio.Event()
+        self._bytes_per_token = 0.0  # learned from the tickets written (0 = not yet)
+        self.counters = ChannelCounters()
+        self.prefill_queue = 0  # requests in the prefill pool now (engine/client.py)
+
+    @property
+    def folder(self) -> str:
+        return self._dir
+
+    def open(self) -> None:
+        """Make the private ticket folder (mode 0700)."""
+        base = self._settings().path
+        if not os.path.isdir(base):
+            logger.warning("%s does not exist: KV tickets go to %s", base, tempfile.gettempdir())
+            base = tempfile.gettempdir()
+        self._dir = tempfile.mkdtemp(prefix=f"inferflux-kv-{os.getpid()}-", dir=base)
+
+    def close(self) -> None:
+        """Delete every ticket and the folder (the workers are stopped)."""
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._in_flight.clear()
+
+    async def reserve(self, n_tokens: int) -> str | None:
+        """A ticket path for a prompt of `n_tokens` once the channel has room for it, or
+        None (counted blocked) if it has none within `ticket_wait_s`."""
+        settings = self._settings()
+        estimate = int(self._bytes_per_token * n_tokens)
+        deadline = time.monotonic() + settings.ticket_wait_s
+        while not self._has_room(estimate, settings):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.counters.blocked += 1
+                return None
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), remaining)
+        path = os.path.join(self._dir, f"t{next(self._names)}")
+        self._in_flight[path] = estimate
+        return path
+
+    def _has_room(self, estimate: int, settings: DisaggregatedSettings) -> bool:
+        if not self._in_flight:
+            return True  # one ticket always fits, however large
+        if len(self._in_flight) >= settings.channel_capacity:
+            return False
+        return sum(self._in_flight.values()) + estimate <= settings.channel_max_mb * MIB
+
+    def written(self, path: str, ticket: KvTicket) -> None:
+        """A prefill worker wrote `ticket`: its real size replaces the estimate."""
+        if path in self._in_flight:
+            self._in_flight[path] = ticket.nbytes
+        if ticket.n_tokens:
+            per_token = ticket.nbytes / ticket.n_tokens
+            self._bytes_per_token = max(self._bytes_per_token * 0.9, per_token)
+
+    def release(self, path: str) -> None:
+        """The request is past its ticket: delete the file (if any is left) and free the
+        slot. Idempotent."""
+        if self._in_flight.pop(path, None) is not None:
+            self._freed.set()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def sweep(self) -> int:
+        """Delete files of the folder that no ticket in flight names (a worker that was
+        killed between writing a file and the API deleting it); returns how many."""
+        if not self._dir:
+            return 0
+        removed = 0
+        now = time.time()
+        with contextlib.suppress(OSError), os.scandir(self._dir) as entries:
+            for entry in entries:
+                if entry.path in self._in_flight:
+                    continue
+                with contextlib.suppress(OSError):
+                    if now - entry.stat().st_mtime > _SWEEP_AGE_S:
+                        os.unlink(entry.path)
+                        removed += 1
+        return removed
+
+    def stats(self) -> ChannelStats:
+        c = self.counters
+        return ChannelStats(
+            capacity=self._settings().channel_capacity,
+            in_flight=len(self._in_flight),
+            in_flight_bytes=sum(self._in_flight.values()),
+            prefill_queue=self.prefill_queue,
+            handed_off=c.handed_off,
+            blocked=c.blocked,
+            direct=c.direct,
+            resubmitted=c.resubmitted,
+        )

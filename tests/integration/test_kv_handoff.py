@@ -1,0 +1,202 @@
+"""The prefill → decode hand-off on the real llama.cpp backend (engine/kv_channel.py):
+a prefill EngineCore computes a prompt but its last token and writes the KV ticket to
+shared memory; a decode EngineCore hydrates it into a sequence and generates.
+
+Each test drives `step()` directly (no transport, no API process): the server-level
+flow is in test_disaggregated.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferflux.config.settings import ObservabilitySettings
+from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
+from inferflux.engine.core import EngineCore
+from inferflux.engine.messages import (
+    AddRequest,
+    FinishReason,
+    KvTicket,
+    RequestDelta,
+    SamplingParams,
+)
+from inferflux.engine.worker import WorkerConfig, build_engine_core
+
+pytestmark = pytest.mark.model
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Explain photosynthesis briefly.",
+    "Write a short poem about cats.",
+]
+
+
+def make_core(path: str, role: str) -> EngineCore:
+    config = WorkerConfig(
+        worker_id=0,
+        generation=1,
+        input_address="",
+        output_address="",
+        context=ContextConfig(path, 512, 8, 256, 2, 2, False),  # 4 running + 4 cached
+        max_num_seqs=4,
+        max_batch_tokens=256,
+        observability=ObservabilitySettings(),
+        role=role,
+    )
+    return build_engine_core(config)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_model_path: str) -> Iterator[LlamaTokenizer]:
+    tok = LlamaTokenizer(smollm2_model_path)
+    yield tok
+    tok.close()
+
+
+@pytest.fixture(scope="module")
+def cores(smollm2_model_path: str) -> Iterator[dict[str, EngineCore]]:
+    made = {role: make_core(smollm2_model_path, role) for role in ("prefill", "decode", "unified")}
+    yield made
+    for core in made.values():
+        core.close()
+
+
+def chat_prompt(tok: LlamaTokenizer, question: str) -> list[int]:
+    text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return tok.tokenize(text, add_special=True, parse_special=True)
+
+
+def run(core: EngineCore, requests: list[AddRequest]) -> dict[str, list[RequestDelta]]:
+    deltas: dict[str, list[RequestDelta]] = {r.request_id: [] for r in requests}
+    for request in requests:
+        for delta in core.add_request(request):
+            deltas[delta.request_id].append(delta)
+    while core.has_work():
+        for delta in core.step():
+            deltas[delta.request_id].append(delta)
+    return deltas
+
+
+def request(rid: str, prompt: list[int], **fields: object) -> AddRequest:
+    sampling = SamplingParams(max_tokens=24, temperature=0.0)
+    return AddRequest(request_id=rid, prompt_token_ids=prompt, sampling=sampling, **fields)  # type: ignore[arg-type]
+
+
+def tokens_of(deltas: list[RequestDelta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def prefill(
+    core: EngineCore, rid: str, prompt: list[int], path: Path, **fields: object
+) -> KvTicket:
+    (delta,) = run(core, [request(rid, prompt, ticket_path=str(path), **fields)])[rid]
+    assert delta.finish_reason is FinishReason.HANDOFF, delta
+    assert delta.token_ids == [] and delta.ticket is not None  # it sampled nothing
+    return delta.ticket
+
+
+def test_a_handed_off_prompt_generates_what_the_unified_engine_does(
+    cores, tokenizer, tmp_path
+) -> None:
+    for i, question in enumerate(QUESTIONS):
+        prompt = chat_prompt(tokenizer, question)
+        path = tmp_path / f"t{i}"
+        ticket = prefill(cores["prefill"], f"p{i}", prompt, path)
+        assert ticket.n_tokens == len(prompt) - 1 and ticket.nbytes == path.stat().st_size
+        decoded = run(cores["decode"], [request(f"p{i}", prompt, kv_ticket=ticket)])[f"p{i}"]
+        unified = run(cores["unified"], [request(f"u{i}", prompt)])[f"u{i}"]
+        assert tokens_of(decoded) == tokens_of(unified), question
+        assert decoded[-1].num_prompt_tokens == len(prompt)
+        assert not path.exists()  # the decode worker deletes a ticket it read
+    stats = cores["decode"].stats().tickets
+    assert stats is not None and stats.hydrated >= len(QUESTIONS) and stats.refused == 0
+    assert cores["prefill"].stats().tickets.written >= len(QUESTIONS)  # type: ignore[union-attr]
+    assert cores["prefill"].stats().role == "prefill"
+
+
+def test_the_decode_step_reports_each_transfer(cores, tokenizer, tmp_path) -> None:
+    prompt = chat_prompt(tokenizer, "Name a colour.")
+    ticket = prefill(cores["prefill"], "x", prompt, tmp_path / "t")
+    cores["decode"].take_step_stats()
+    run(cores["decode"], [request("x", prompt, kv_ticket=ticket)])
+    step = cores["decode"].take_step_stats()
+    assert step is not None and len(step.transfer_s) == 1
+    assert 0 <= step.transfer_s[0] < 60
+
+
+def test_the_prefill_worker_keeps_the_prompt_in_its_prefix_cache(
+    cores, tokenizer, tmp_path
+) -> None:
+    prompt = chat_prompt(tokenizer, "Describe a quiet library at night in detail. " * 6)
+    prefill(cores["prefill"], "a", prompt, tmp_path / "a")
+    again = prefill(cores["prefill"], "b", prompt, tmp_path / "b")
+    assert again.num_cached_tokens > 0  # reported to the client as cached tokens
+    decoded = run(cores["decode"], [request("b", prompt, kv_ticket=again)])["b"]
+    assert decoded[-1].num_cached_tokens == again.num_cached_tokens
+
+
+@pytest.mark.parametrize("damage", ["namespace", "tokens", "gone", "truncated", "garbage"])
+def test_a_ticket_that_does_not_match_is_refused_and_the_prompt_computed(
+    cores, tokenizer, tmp_path, damage
+) -> None:
+    prompt = chat_prompt(tokenizer, "What is 12 times 12?")
+    path = tmp_path / "t"
+    ticket = prefill(cores["prefill"], "d", prompt, path, cache_namespace="tenant-a")
+    sent = request("d", prompt, kv_ticket=ticket, cache_namespace="tenant-a")
+    if damage == "namespace":  # written for another tenant's prefix space
+        sent = request("d", prompt, kv_ticket=ticket, cache_namespace="tenant-b")
+    elif damage == "tokens":  # same length, other tokens
+        other = list(prompt)
+        other[3] += 1
+        sent = request("d", other, kv_ticket=ticket, cache_namespace="tenant-a")
+    elif damage == "gone":
+        path.unlink()
+    elif damage == "truncated":
+        os.truncate(path, 100)
+    else:
+        path.write_bytes(b"\x00" * 4096)
+    before = cores["decode"].stats().tickets.refused  # type: ignore[union-attr]
+    decoded = run(cores["decode"], [sent])["d"]
+    expected = run(cores["unified"], [request(f"u-{damage}", sent.prompt_token_ids)])
+    assert tokens_of(decoded) == tokens_of(expected[f"u-{damage}"])
+    assert cores["decode"].stats().tickets.refused == before + 1  # type: ignore[union-attr]
+    assert not path.exists()
+
+
+def test_a_ticket_of_another_model_is_refused(
+    cores, tokenizer, gemma3_model_path, tmp_path
+) -> None:
+    gemma = make_core(gemma3_model_path, "prefill")
+    try:
+        prompt = chat_prompt(tokenizer, "Who wrote Hamlet?")
+        # Gemma's vocabulary is larger: SmolLM2's ids are valid tokens there too
+        ticket = prefill(gemma, "g", prompt, tmp_path / "g")
+    finally:
+        gemma.close()
+    decoded = run(cores["decode"], [request("g", prompt, kv_ticket=ticket)])["g"]
+    expected = run(cores["unified"], [request("gu", prompt)])["gu"]
+    assert tokens_of(decoded) == tokens_of(expected)
+    assert not (tmp_path / "g").exists()
+
+
+def test_an_aborted_request_deletes_its_ticket(cores, tokenizer, tmp_path) -> None:
+    prompt = chat_prompt(tokenizer, "Tell me about the moon.")
+    ticket = prefill(cores["prefill"], "c", prompt, tmp_path / "c")
+    decode = cores["decode"]
+    assert decode.add_request(request("c", prompt, kv_ticket=ticket)) == []
+    (aborted,) = decode.abort_requests(["c"])  # before its first step: never hydrated
+    assert aborted.finish_reason is FinishReason.ABORT
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_ticket_that_cannot_be_written_ends_without_one(cores, tokenizer, tmp_path) -> None:
+    prompt = chat_prompt(tokenizer, "List three prime numbers.")
+    path = tmp_path / "taken"
+    path.write_bytes(b"x")  # the path is taken: O_EXCL refuses it
+    (delta,) = run(cores["prefill"], [request("w", prompt, ticket_path=str(path))])["w"]
+    assert delta.finish_reason is FinishReason.HANDOFF and delta.ticket is None
+    assert path.read_bytes() == b"x"
