@@ -19,10 +19,11 @@ from inferflux.engine.messages import (
     FinishReason,
     RequestDelta,
     StepStats,
+    TicketStats,
     TokenLogprob,
 )
-from inferflux.engine.protocol import EmbeddingResult, ModelInfo, WorkerStatus
-from inferflux.errors import ModelLoadError
+from inferflux.engine.protocol import ChannelStats, EmbeddingResult, ModelInfo, WorkerStatus
+from inferflux.errors import InvalidRequest, ModelLoadError
 
 FAKE_VOCAB = 259  # 3 specials + 256 bytes
 FAKE_BOS = 1
@@ -129,6 +130,11 @@ class FakeEngineClient:
         default_factory=list
     )
     scaled: list[int] = field(default_factory=list)  # every scale(n), in order
+    scaled_roles: list[str | None] = field(default_factory=list)  # each scale's role
+    # disaggregated mode: the KV channel's counters (None: unified) and the workers
+    # `workers()` lists instead of its one unified worker
+    channel_stats: ChannelStats | None = None
+    statuses: list[WorkerStatus] | None = None
 
     async def start(self) -> None:
         self.started = True
@@ -198,12 +204,22 @@ class FakeEngineClient:
         return EmbeddingResult(vectors, sum(len(ids) for ids in inputs))
 
     def workers(self) -> list[WorkerStatus]:
+        if self.statuses is not None:
+            return list(self.statuses)
         stats = EngineStats(num_running=1, num_steps=5)
         return [WorkerStatus(0, 4242, self.ready, 0, len(self.requests), stats, load_s=0.5)]
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]:
+        """Records the count and role; a role refused as WorkerPoolClient refuses it."""
+        disaggregated = self.channel_stats is not None
+        if role is not None and (not disaggregated or role not in ("prefill", "decode")):
+            raise InvalidRequest(f"no '{role}' pool to scale", param="role")
         self.scaled.append(num_workers)
+        self.scaled_roles.append(role)
         return self.workers()
+
+    def channel(self) -> ChannelStats | None:
+        return self.channel_stats
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self.step_observers.append(observer)
@@ -223,3 +239,26 @@ def _fake_logprob(token_id: int, k: int) -> TokenLogprob:
     """The token at logprob -0.5; its top list: itself, then token_id + 1 at -1.5, ..."""
     top = [(token_id, -0.5)] + [(token_id + i, -0.5 - i) for i in range(1, k)]
     return TokenLogprob(token_id, -0.5, top[:k])
+
+
+def pool_status(
+    worker_id: int,
+    role: str,
+    *,
+    ready: bool = True,
+    num_waiting: int = 0,
+    num_in_flight: int = 0,
+    tickets: TicketStats | None = None,
+    draining: bool = False,
+) -> WorkerStatus:
+    """A worker of a disaggregated pool as the real client lists it (for `statuses`)."""
+    stats = EngineStats(num_waiting=num_waiting, role=role, tickets=tickets)
+    return WorkerStatus(
+        worker_id, 5000 + worker_id, ready, 0, num_in_flight, stats, draining=draining, role=role
+    )
+
+
+def fake_channel(**counts: int) -> ChannelStats:
+    """The KV channel's counters (`FakeEngineClient.channel_stats`): zeros but `counts`."""
+    fields = dict.fromkeys(ChannelStats.__dataclass_fields__, 0)
+    return ChannelStats(**{**fields, "capacity": 8, **counts})

@@ -66,6 +66,7 @@ from inferflux.api.ollama import pull as ollama_pull
 from inferflux.api.openai import chat, completions, embeddings, tokenize
 from inferflux.api.openai import models as openai_models
 from inferflux.api.openapi import install_openapi
+from inferflux.api.pools import takes_requests
 from inferflux.api.response_store import ResponseStore
 from inferflux.api.responses import routes as responses_routes
 from inferflux.api.responses import socket as responses_socket
@@ -164,8 +165,8 @@ def create_app(
     )
     models: ModelHub | None = None
     telemetry = make_telemetry(
-        settings, lambda: models.workers() if models else [], model_info, tracer_provider
-    )
+        settings, lambda: models.workers() if models else [], model_info, tracer_provider,
+        lambda: models.channels() if models else [])  # fmt: skip
     access = security or build_security(settings)
     if telemetry.metrics is not None:
         replication = access.sync.status if access.sync is not None else None
@@ -306,7 +307,7 @@ async def _start_grpc(app: FastAPI, state: AppState) -> GrpcServer | None:
         draining = state.generation.drain.draining or (
             state.draining is not None and state.draining()
         )
-        return state.models.default_serving().engine.ready and not draining
+        return takes_requests(state.models.default_serving().engine) and not draining
 
     return await start_grpc_server(app, state.settings.server, is_ready)
 

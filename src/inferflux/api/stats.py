@@ -17,6 +17,7 @@ from fastapi import APIRouter
 from inferflux import __version__
 from inferflux.api.model_sync import replication_json
 from inferflux.api.openai.models import model_card
+from inferflux.api.pools import channel_json, pool_summary, takes_requests
 from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
 from inferflux.engine.messages import KvTierStats
@@ -44,6 +45,7 @@ def worker_stats(status: WorkerStatus) -> dict[str, object]:
         "fallback_reason": status.fallback_reason,
         "busy": status.stats.num_running > 0,
         **msgspec.to_builtins(status.stats),
+        "role": status.role,  # the pool (the API's view: set before the first stats)
         "routing": _worker_routing(status),
     }
 
@@ -145,9 +147,12 @@ async def server_stats(
     status and load, cache statistics and token throughput (of the default model's
     workers), routing (strategy and decisions), token throughput over the last 10 s and
     minute, every model's state, the policy version (with its replication across
-    replicas) and the live config's replication."""
+    replicas) and the live config's replication. In disaggregated mode `pools` has each
+    pool's workers, ready ones, queue depth and requests, and `channel` the KV channel's
+    counters (both None in unified mode)."""
     serving = models.default_serving()
     statuses = serving.engine.workers()
+    channel = serving.engine.channel()
     throughput = {}
     for name, window_s in _THROUGHPUT_WINDOWS.items():
         prompt, generated = telemetry.meter.rates(window_s)
@@ -158,7 +163,7 @@ async def server_stats(
     return {
         "version": __version__,
         "uptime_s": round(time.monotonic() - serving.started_at, 3),
-        "ready": serving.engine.ready,
+        "ready": takes_requests(serving.engine),
         "model": model_card(serving.model_info),
         "num_workers": len(statuses),
         "num_in_flight": sum(status.num_in_flight for status in statuses),
@@ -174,6 +179,9 @@ async def server_stats(
         "kv_tiers": kv_tier_stats(statuses),
         "speculative": speculative_stats(statuses),
         "routing": routing_stats(state.settings.scheduler.routing, statuses),
+        "mode": "unified" if channel is None else "disaggregated",
+        "pools": None if channel is None else pool_summary(statuses, channel),
+        "channel": channel_json(channel),
         "throughput": throughput,
         "workers": [worker_stats(status) for status in statuses],
         "models": [

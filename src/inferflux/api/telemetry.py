@@ -28,7 +28,7 @@ from inferflux import __version__
 from inferflux.api.request_tracker import RequestTracker
 from inferflux.config.settings import Settings
 from inferflux.engine.messages import StepStats
-from inferflux.engine.protocol import ModelInfo, WorkerStatus
+from inferflux.engine.protocol import ChannelStats, ModelInfo, WorkerStatus
 from inferflux.observability.metrics import Metrics
 from inferflux.observability.throughput import ThroughputMeter
 from inferflux.observability.tracing import (
@@ -91,6 +91,8 @@ class Telemetry:
             if p.first_token_at is not None:
                 decode_s = p.finished_at - p.first_token_at
             metrics.observe_phases(p.priority, prefill_s, decode_s)
+        if step.transfer_s:
+            metrics.observe_transfers(step.transfer_s)
 
     def shutdown(self) -> None:
         """Flush and stop the span exporter (idempotent)."""
@@ -105,11 +107,13 @@ def make_telemetry(
     workers: Callable[[], Sequence[WorkerStatus]],
     model_info: ModelInfo,
     provider: TracerProvider | None = None,
+    channels: Callable[[], Sequence[ChannelStats]] = tuple,
 ) -> Telemetry:
     """The app's telemetry per `settings.observability`. `workers` lists every engine
-    worker (of every model) at scrape time; `model_info` is the default model's (the
-    `model` label of HTTP metrics). `provider` replaces the tracer provider the settings
-    describe (tests pass one with an in-memory exporter)."""
+    worker (of every model) at scrape time, `channels` every model's KV channel
+    (disaggregated mode); `model_info` is the default model's (the `model` label of HTTP
+    metrics). `provider` replaces the tracer provider the settings describe (tests pass
+    one with an in-memory exporter)."""
     obs = settings.observability
     metrics = None
     if obs.metrics.enabled:
@@ -120,7 +124,9 @@ def make_telemetry(
             "model": model_info.model_id,
             "version": __version__,
         }
-        metrics = Metrics(model=model_info.model_id, info=info, workers=workers)
+        metrics = Metrics(model=model_info.model_id, info=info, workers=workers, channels=channels)
+        if settings.scheduler.mode == "disaggregated":
+            metrics.init_transfer()
     if provider is None:
         provider = make_tracer_provider(obs.tracing, component="api")
     tracker = RequestTracker(

@@ -40,6 +40,10 @@ LIVE_KEYS: frozenset[str] = frozenset(
         "scheduler.fairness.enable_preemption",
         "scheduler.fairness.high_priority_threshold",
         "scheduler.fairness.max_timeslice_tokens",
+        # read by the API process per request (disaggregated mode)
+        "scheduler.disaggregated.ticket_wait_s",
+        "scheduler.disaggregated.channel_capacity",
+        "scheduler.disaggregated.min_prompt_tokens",
         "observability.log_level",
         "observability.log_sample_rate",
         "observability.tenant_logging",

@@ -191,12 +191,15 @@ class EngineClient(Protocol):
         """A snapshot of every worker."""
         ...
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]:
         """Runtime scaling: run `num_workers` workers from now on (1..MAX_WORKERS). New
         workers get new ids and are waited for (up to runtime.worker_start_timeout_s);
         removed ones (fewest in flight first) leave rotation at once and finish their
         requests in the background (runtime.worker_drain_timeout_s), then stop. Returns
-        the workers after the change (the removed ones `draining`). Lasts until restart."""
+        the workers after the change (the removed ones `draining`). Lasts until restart.
+        `role` picks the pool: None = the one requests stream from (unified, or decode in
+        disaggregated mode), "prefill" or "decode" that pool; a role in unified mode, or
+        another name, raises InvalidRequest(param="role")."""
         ...
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:

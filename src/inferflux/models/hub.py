@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry, canonical_entry
 from inferflux.config.registry_settings import RegistrySettings
-from inferflux.engine.protocol import WorkerStatus
+from inferflux.engine.protocol import ChannelStats, WorkerStatus
 from inferflux.errors import InferfluxError
 from inferflux.models.catalog import Catalog
 from inferflux.models.lifecycle import Lifecycle
@@ -88,6 +88,10 @@ class ModelHub:
     def workers(self) -> list[WorkerStatus]:
         statuses = [s for r in self.residency for s in r.serving.engine.workers()]
         return [dataclasses.replace(s, worker_id=i) for i, s in enumerate(statuses)]
+
+    def channels(self) -> list[ChannelStats]:
+        channels = (r.serving.engine.channel() for r in self.residency)
+        return [c for c in channels if c is not None]
 
     def models(self) -> list[ModelView]:
         now = time.monotonic()

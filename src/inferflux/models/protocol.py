@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from inferflux.config.manifest import AdapterEntry, Manifest, ManifestEntry, ModelParameters
-from inferflux.engine.protocol import LoraAdapter, ModelInfo, WorkerStatus
+from inferflux.engine.protocol import ChannelStats, LoraAdapter, ModelInfo, WorkerStatus
 from inferflux.models.serving import ServingState
 
 ModelState = Literal["loaded", "loading", "registered", "retiring", "failed"]
@@ -99,6 +99,11 @@ class ModelDirectory(Protocol):
 
     def workers(self) -> list[WorkerStatus]:
         """The workers of every resident model, numbered 0..n-1 across models (metrics)."""
+        ...
+
+    def channels(self) -> list[ChannelStats]:
+        """The KV channel of every resident model in disaggregated mode (metrics); none
+        in unified mode."""
         ...
 
     def keep_alive(self, name: str, seconds: float) -> None:

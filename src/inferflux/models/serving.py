@@ -22,6 +22,7 @@ from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import AddRequest, RequestDelta, StepStats
 from inferflux.engine.protocol import (
+    ChannelStats,
     EmbeddingResult,
     EngineClient,
     ModelInfo,
@@ -46,9 +47,11 @@ class EngineControl(Protocol):
 
     def workers(self) -> list[WorkerStatus]: ...
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]: ...
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]: ...
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None: ...
+
+    def channel(self) -> ChannelStats | None: ...
 
     async def reconfigure(
         self, scheduler: SchedulerSettings, observability: ObservabilitySettings
@@ -92,11 +95,14 @@ class _Forwarding:
     def workers(self) -> list[WorkerStatus]:
         return self._control.workers()
 
-    async def scale(self, num_workers: int) -> list[WorkerStatus]:
-        return await self._control.scale(num_workers)
+    async def scale(self, num_workers: int, role: str | None = None) -> list[WorkerStatus]:
+        return await self._control.scale(num_workers, role)
 
     def observe_steps(self, observer: Callable[[int, StepStats], None]) -> None:
         self._control.observe_steps(observer)
+
+    def channel(self) -> ChannelStats | None:
+        return self._control.channel()
 
     async def reconfigure(
         self, scheduler: SchedulerSettings, observability: ObservabilitySettings

@@ -3,7 +3,8 @@
 Owns: `Metrics`, which creates every metric of one app on its own `CollectorRegistry`
 (tests build many apps in one process), and the histogram buckets. `WorkerCollector`
 (observability/worker_metrics.py) turns the latest per-worker engine state into gauges
-and counters at scrape time; `Metrics` registers it.
+and counters at scrape time, `DisaggCollector` (observability/disagg_metrics.py) the KV
+channel's and tickets' in disaggregated mode; `Metrics` registers both.
 Does not own: where the numbers come from. The API process's exporter
 (`api/telemetry.py`) calls the `observe_*` / `count_*` verbs with values taken from HTTP
 requests, engine deltas and the engine's per-step `StepStats`.
@@ -12,9 +13,9 @@ Naming (prometheus.io): `inferflux_` prefix, base units (`_seconds`), counters e
 `_total`; the OBS-1 names of the product requirements are kept exactly
 (docs/observability.md). Labels are bounded: `model`, `route` (the route template, never
 the raw path), `status`, `priority`, `finish_reason`, `backend`, `worker` (an index below
-runtime.workers), `strategy` (scheduler.routing), and the security labels `kind`,
-`outcome`, `mode`, `stage`, `rule`, `action` (fixed small sets); never a key, a user, a
-tenant or a prompt.
+runtime.workers), `strategy` (scheduler.routing), `phase` (prefill, decode), `role` (a
+worker's pool), and the security labels `kind`, `outcome`, `mode`, `stage`, `rule`,
+`action` (fixed small sets); never a key, a user, a tenant or a prompt.
 docs/observability.md lists every metric.
 
 Worker counters (prefix cache, fairness) are summed over workers; a restarted worker
@@ -39,6 +40,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from inferflux import __version__
+from inferflux.observability.disagg_metrics import TRANSFER_BUCKETS, ChannelView, DisaggCollector
 from inferflux.observability.worker_metrics import PRIORITIES, WorkerCollector, WorkerView, gauge
 
 # Request-scale latencies: 5 ms (a cached one-token answer) to 10 min (a long generation
@@ -89,6 +91,7 @@ class Metrics:
         model: str,
         info: Mapping[str, str],
         workers: Callable[[], Sequence[WorkerView]],
+        channels: Callable[[], Sequence[ChannelView]] = tuple,
     ) -> None:
         # NOTE: process-wide in prometheus_client: no `*_created` series (they double the
         # exposition and no InferFlux query uses them).
@@ -115,6 +118,8 @@ class Metrics:
         )
         build_gauge.labels(**build).set(1)
         self.registry.register(WorkerCollector(workers))
+        self.registry.register(DisaggCollector(workers, channels))
+        self.kv_transfer: Histogram | None = None  # disaggregated mode (init_transfer)
 
     def _init_http(self) -> None:
         labels = ("model", "route", "status")
@@ -357,6 +362,25 @@ class Metrics:
         self.batch_exec.observe(exec_s)
         self.batch_size.observe(num_seqs)
         self.batch_tokens.observe(num_tokens)
+
+    def init_transfer(self) -> Histogram:
+        """The KV transfer histogram, registered on first use (disaggregated mode only:
+        unified mode exports no such family)."""
+        if self.kv_transfer is None:
+            self.kv_transfer = Histogram(
+                "inferflux_kv_transfer_seconds",
+                "From a KV ticket's enqueue (the prefill worker wrote it) to hydrated in a "
+                "decode worker's sequence",
+                buckets=TRANSFER_BUCKETS,
+                registry=self.registry,
+            )
+        return self.kv_transfer
+
+    def observe_transfers(self, transfer_s: Sequence[float]) -> None:
+        """A decode worker's hand-offs since its previous step message."""
+        histogram = self.init_transfer()
+        for seconds in transfer_s:
+            histogram.observe(seconds)
 
     def observe_phases(
         self, priority: str, prefill_s: float | None, decode_s: float | None

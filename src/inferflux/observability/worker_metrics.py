@@ -15,6 +15,8 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inferflux.observability.disagg_metrics import TicketsView
+
 PRIORITIES = ("high", "normal", "low")
 
 
@@ -139,6 +141,8 @@ class EngineStatsView(Protocol):
     def speculative(self) -> SpeculativeView | None: ...
     @property
     def images(self) -> ImagesView | None: ...
+    @property
+    def tickets(self) -> TicketsView | None: ...
 
 
 class RoutingView(Protocol):
@@ -165,6 +169,8 @@ class WorkerView(Protocol):
     def backend(self) -> str: ...
     @property
     def requested_backend(self) -> str: ...
+    @property
+    def role(self) -> str: ...
     @property
     def stats(self) -> EngineStatsView: ...
     @property

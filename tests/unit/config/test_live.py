@@ -35,6 +35,9 @@ def test_every_live_key_is_a_setting_and_changes_alone() -> None:
         "scheduler.fairness.enable_preemption": False,
         "scheduler.fairness.high_priority_threshold": "normal",
         "scheduler.fairness.max_timeslice_tokens": 32,
+        "scheduler.disaggregated.ticket_wait_s": 0.5,
+        "scheduler.disaggregated.channel_capacity": 16,
+        "scheduler.disaggregated.min_prompt_tokens": 64,
         "observability.log_level": "debug",
         "observability.log_sample_rate": 0.25,
         "observability.tenant_logging": {"acme": {"log_level": "debug"}},
@@ -67,6 +70,14 @@ def test_the_current_value_of_a_restart_only_key_is_no_change() -> None:
         ({"server": {"port": 9000}}, "server.port", "restart"),
         ({"scheduler": {"prefix_cache": {"slots": 2}}}, "scheduler.prefix_cache.slots", "restart"),
         ({"scheduler": {"max_batch_tokens": 512}}, "scheduler.max_batch_tokens", "256"),
+        ({"scheduler": {"mode": "disaggregated"}}, "scheduler.mode", "restart"),
+        ({"scheduler": {"prefill_pool_size": 2}}, "scheduler.prefill_pool_size", "restart"),
+        ({"scheduler": {"decode_pool_size": 3}}, "scheduler.decode_pool_size", "restart"),
+        (
+            {"scheduler": {"disaggregated": {"decode_cpus": [0]}}},
+            "scheduler.disaggregated.decode_cpus",
+            "restart",
+        ),
         ({"guardrails": {"pii_action": "redact"}}, "guardrails.pii_action", "/v1/admin/guardrails"),
         ({"rate_limit": {"tiers": {"gold": {}}}}, "rate_limit.tiers", "/v1/admin/rate_limit"),
     ],
@@ -92,6 +103,11 @@ def test_a_live_key_beside_a_restart_only_key_changes_nothing() -> None:
         ({"observability": {"log_level": "loud"}}, "observability.log_level"),
         ({"observability": {"tenant_logging": {"bad name!": {}}}}, None),
         ({"scheduler": 3}, "scheduler"),
+        ({"scheduler": {"mode": "split"}}, "scheduler.mode"),
+        (
+            {"scheduler": {"disaggregated": {"channel_capacity": 0}}},
+            "scheduler.disaggregated.channel_capacity",
+        ),
     ],
 )
 def test_what_the_schema_refuses_is_a_400(change, param) -> None:

@@ -48,6 +48,7 @@ class Worker:
     hangs: int = 0
     backend: str = "cpu"
     requested_backend: str = "cpu"
+    role: str = "unified"
     stats: EngineStats = field(default_factory=EngineStats)
     routing: WorkerRouting | None = None
 

@@ -91,10 +91,36 @@ def _worker_line(worker: dict[str, Any]) -> str:
         f"in-flight {worker.get('num_in_flight', 0)} restarts {worker['restarts']} "
         f"backend {worker.get('backend', 'cpu')}"
     )
+    role = worker.get("role", "unified")
+    if role != "unified":  # disaggregated mode: the worker's pool
+        line += f" role {role}"
     reason = worker.get("fallback_reason")
     if reason:  # a GPU → CPU fallback (docs/reliability.md)
         line += f" (requested {worker.get('requested_backend')}: {reason})"
     return line
+
+
+def status_lines(stats: dict[str, Any]) -> list[str]:
+    """`inferctl status` in text: readiness, then in disaggregated mode each pool's health
+    and the KV channel, then one line per worker."""
+    uptime = stats.get("uptime_s", 0.0)
+    lines = [f"ready: {stats['ready']}  model: {stats['model']['id']}  uptime: {uptime}s"]
+    for role, pool in (stats.get("pools") or {}).items():
+        health = "ok" if pool["ready"] else "DOWN" if role == "decode" else "degraded"
+        lines.append(
+            f"pool {role}: {health}  ready {pool['ready']}/{pool['size']}  "
+            f"queue {pool['queue_depth']}  running {pool['num_running']}  "
+            f"in-flight {pool['num_in_flight']}"
+        )
+    channel = stats.get("channel")
+    if channel:
+        lines.append(
+            f"kv channel: in-flight {channel['in_flight']}/{channel['capacity']}  "
+            f"{channel['in_flight_bytes'] / 2**20:.1f} MiB  handed off "
+            f"{channel['handed_off']}  blocked {channel['blocked']}  direct "
+            f"{channel['direct']}  resubmitted {channel['resubmitted']}"
+        )
+    return lines + [_worker_line(worker) for worker in stats["workers"]]
 
 
 @app.command()
@@ -104,16 +130,14 @@ def status(
     port: PortOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Health, readiness, model, workers and their queues. Exit 1 when not ready."""
+    """Health, readiness, model, workers and their queues (in disaggregated mode each
+    pool's health and the KV channel). Exit 1 when not ready."""
     with make_client(base_url(url, host, port)) as client:
         stats = request_json(client, "GET", "/server/stats")
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
     else:
-        uptime = stats.get("uptime_s", 0.0)
-        typer.echo(f"ready: {stats['ready']}  model: {stats['model']['id']}  uptime: {uptime}s")
-        for worker in stats["workers"]:
-            typer.echo(_worker_line(worker))
+        typer.echo("\n".join(status_lines(stats)))
     if not stats["ready"]:
         raise typer.Exit(EXIT_API_ERROR)
 

@@ -95,6 +95,7 @@ export function dashboardPage(main) {
     );
     fill(workers, table([
       ["Worker", (w) => String(w.worker_id)],
+      ["Role", (w) => String(w.role ?? "unified")],
       ["PID", (w) => String(w.pid ?? "–")],
       ["State", (w) => (w.draining ? "draining" : !w.ready ? "starting" : w.busy ? "busy" : "idle")],
       ["In flight", (w) => String(w.num_in_flight)],
