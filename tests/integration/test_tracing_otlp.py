@@ -119,14 +119,21 @@ def receiver() -> Iterator[_Receiver]:
         thread.join(5)
 
 
-@pytest.fixture
-def traced_server(receiver: _Receiver, tmp_path) -> Iterator[str]:
+def _tracing_env(receiver: _Receiver) -> dict[str, str]:
     port = receiver.server_address[1]
-    env = {
+    return {
         "INFERFLUX_OBSERVABILITY__TRACING__EXPORTER": "otlp",
         "INFERFLUX_OBSERVABILITY__TRACING__OTLP_ENDPOINT": f"http://127.0.0.1:{port}/v1/traces",
         "OTEL_BSP_SCHEDULE_DELAY": "200",  # export batches every 200 ms, not every 5 s
     }
+
+
+@pytest.fixture
+def traced_server(receiver: _Receiver, tmp_path) -> Iterator[str]:
+    yield from _serve(_tracing_env(receiver), tmp_path)
+
+
+def _serve(env: dict[str, str], tmp_path) -> Iterator[str]:
     log = tmp_path / "server.log"
     server = ServerProcess(env=env, log_path=log)
     try:
@@ -194,3 +201,23 @@ def test_one_request_is_one_trace_across_api_and_worker(
     assert 1 <= engine.attributes["gen_ai.usage.output_tokens"] <= 4
     assert generate.attributes["gen_ai.request.model"].startswith("SmolLM2")
     assert receiver.content_types == {"application/x-protobuf"}
+
+
+def test_a_handed_off_request_traces_its_kv_transfer(receiver: _Receiver, tmp_path) -> None:
+    env = _tracing_env(receiver) | {"INFERFLUX_SCHEDULER__MODE": "disaggregated"}
+    for url in _serve(env, tmp_path):
+        headers = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"}
+        body = {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 4}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert response.status_code == 200, response.text
+        spans = _trace(receiver, {"inferflux.kv_transfer", "inferflux.decode"})
+        with receiver.lock:
+            engines = [s for s in receiver.spans if s.name == "inferflux.engine"]
+        # one engine span per leg: worker 0 prefills (and hands off), worker 1 decodes
+        assert {s.component for s in engines} == {"worker-0", "worker-1"}
+        assert {s.attributes["gen_ai.response.finish_reasons"][0] for s in engines} >= {"handoff"}
+        transfer = spans["inferflux.kv_transfer"]
+        generate = next(s for name, s in spans.items() if name.startswith("generate "))
+        assert transfer.parent_span_id == generate.span_id
+        assert transfer.component == "worker-1"
+        assert transfer.attributes["inferflux.kv_transfer.bytes"] > 0

@@ -44,6 +44,26 @@ class EngineSpans:
         if carrier:
             self._contexts[request_id] = carrier
 
+    def on_transfers(self, transfers: Iterable[tuple[str, int, int, int]]) -> None:
+        """Spans of KV hand-offs this (decode) worker hydrated: (request id, enqueued and
+        hydrated Unix ns, ticket bytes), each `inferflux.kv_transfer` from the prefill
+        worker's enqueue to this worker's hydrate, in the request's trace."""
+        for request_id, start_ns, end_ns, nbytes in transfers:
+            carrier = self._contexts.get(request_id)
+            if carrier is None:
+                continue
+            span = self._tracer.start_span(
+                "inferflux.kv_transfer",
+                context=extract_context(carrier),
+                start_time=start_ns,
+                attributes={
+                    ATTR_REQUEST_ID: request_id,
+                    ATTR_WORKER: self._worker_id,
+                    "inferflux.kv_transfer.bytes": nbytes,
+                },
+            )
+            span.end(end_time=max(start_ns, end_ns))
+
     def on_finished(self, finished: Iterable[RequestPhases]) -> None:
         """Emit the spans of these finished requests, and forget them."""
         # Worker stamps are time.monotonic(); spans want Unix nanoseconds.

@@ -687,6 +687,11 @@ class _WorkerLoop:
         step = self.core.take_step_stats()
         if not deltas and step is None:
             return
+        handoffs = self.core.handoffs
+        if handoffs is not None:  # taken whether traced or not: the list stays short
+            transfers = handoffs.end.recorder.take_transfers()
+            if transfers and self.spans is not None:
+                self.spans.on_transfers(transfers)
         if step is not None and self.spans is not None:
             self.spans.on_finished(step.finished)
         message = StepOutputs(
