@@ -8,9 +8,7 @@ llama.cpp calls (backends/). Thread rule: one thread calls every method.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import secrets
 import time
 from dataclasses import dataclass, fields
@@ -223,8 +221,6 @@ class EngineCore:
         elif ticket is not None:
             if handoffs is None or ticket.n_tokens != request.num_prompt_tokens - 1:
                 logger.warning("the KV ticket of %s does not apply here", request.request_id)
-                with contextlib.suppress(OSError):
-                    os.unlink(ticket.path)
                 return
             request.ticket_tokens = ticket.n_tokens
             handoffs.expect_in(request.request_id, ticket)

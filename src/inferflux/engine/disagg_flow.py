@@ -97,7 +97,9 @@ class DisaggregatedFlow:
             first = True
             async for delta in serve(request, ticket):
                 if first and path is not None:
-                    self.slots.release(path)  # hydrated (or refused) by now: room for more
+                    # hydrated (or refused) before this delta's step: room for more, and
+                    # with a ticket written, a file to recycle
+                    self.slots.release(path, recycle=ticket is not None)
                 first = False
                 yield delta
         finally:

@@ -5,8 +5,18 @@ Owns: the private folder of ticket files (under `scheduler.disaggregated.path`, 
 by default), naming each ticket, the channel's bound (`channel_capacity` tickets and
 `channel_max_mb` bytes in flight: a request waits for room before its prefill starts, up
 to `ticket_wait_s`, and is then counted blocked), deleting every ticket once its request
-is past it (whatever happened: hydrated, refused, cancelled, a worker killed), sweeping
-files no live ticket names, and the channel's counters. Does not own: writing or reading
+is past it (whatever happened: hydrated, refused, cancelled, a worker killed), the ring
+of recycled files, sweeping files no live ticket names, and the channel's counters.
+
+Recycling: a fresh tmpfs page costs more than copying KV into it (engine/kv_channel.py),
+so a ticket file is renamed aside once both workers are provably done with it (its
+decode worker sent the request's first delta: it hydrated or refused the ticket before
+that step, and the prefill worker finished writing before it reported HANDOFF), and the
+next reservation takes it over by renaming it to its own fresh name. A ticket whose fate
+is unknown (cancelled during prefill, a worker killed) is deleted, never recycled: a late
+writer can then only create an orphan under a name nobody reads (swept), never write
+into another request's ticket. At most `channel_capacity` files and `channel_max_mb`
+bytes are kept for reuse. Does not own: writing or reading
 a ticket (the workers: engine/kv_channel.py) or the request flow (engine/client.py).
 
 The API process names every ticket and deletes it, so a ticket outlives neither its
@@ -52,6 +62,7 @@ class TicketSlots:
         self._dir = ""
         self._names = itertools.count()
         self._in_flight: dict[str, int] = {}  # ticket path → its estimated bytes
+        self._free: list[tuple[str, int]] = []  # recycled files: (path, size)
         self._freed = asyncio.Event()
         self._bytes_per_token = 0.0  # learned from the tickets written (0 = not yet)
         self.counters = ChannelCounters()
@@ -74,6 +85,7 @@ class TicketSlots:
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._in_flight.clear()
+        self._free.clear()
 
     async def reserve(self, n_tokens: int) -> str | None:
         """A ticket path for a prompt of `n_tokens` once the channel has room for it, or
@@ -90,6 +102,10 @@ class TicketSlots:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), remaining)
         path = os.path.join(self._dir, f"t{next(self._names)}")
+        if self._free:  # the most recently used file: its pages are warm
+            recycled, _ = self._free.pop()
+            with contextlib.suppress(OSError):  # gone: the worker makes a new one
+                os.rename(recycled, path)
         self._in_flight[path] = estimate
         return path
 
@@ -108,13 +124,37 @@ class TicketSlots:
             per_token = ticket.nbytes / ticket.n_tokens
             self._bytes_per_token = max(self._bytes_per_token * 0.9, per_token)
 
-    def release(self, path: str) -> None:
-        """The request is past its ticket: delete the file (if any is left) and free the
-        slot. Idempotent."""
-        if self._in_flight.pop(path, None) is not None:
-            self._freed.set()
+    def release(self, path: str, *, recycle: bool = False) -> None:
+        """The request is past its ticket: free the slot and delete the file, or with
+        `recycle` (both workers are done with it: see the module docstring) keep it for
+        a next ticket if the ring has room. Idempotent."""
+        if self._in_flight.pop(path, None) is None:
+            return
+        self._freed.set()
+        if recycle and self._keep(path):
+            return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+    def _keep(self, path: str) -> bool:
+        settings = self._settings()
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return False
+        kept = sum(size for _, size in self._free)
+        if (
+            len(self._free) >= settings.channel_capacity
+            or kept + size > settings.channel_max_mb * MIB
+        ):
+            return False
+        recycled = os.path.join(self._dir, f"free{next(self._names)}")
+        try:
+            os.rename(path, recycled)
+        except OSError:
+            return False
+        self._free.append((recycled, size))
+        return True
 
     def sweep(self) -> int:
         """Delete files of the folder that no ticket in flight names (a worker that was
@@ -125,7 +165,7 @@ class TicketSlots:
         now = time.time()
         with contextlib.suppress(OSError), os.scandir(self._dir) as entries:
             for entry in entries:
-                if entry.path in self._in_flight:
+                if entry.path in self._in_flight or entry.name.startswith("free"):
                     continue
                 with contextlib.suppress(OSError):
                     if now - entry.stat().st_mtime > _SWEEP_AGE_S:
