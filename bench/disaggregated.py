@@ -1,0 +1,217 @@
+"""Unified against disaggregated prefill/decode on one machine, under the same load.
+
+Each setting runs a fresh `inferflux serve` and the same workload: `--concurrency`
+streaming clients, each sending `--requests` chat requests one after another, with long
+prompts (`--min-words`..`--max-words`, distinct, so the prefix cache does not help) and
+long generations (`--max-tokens`, `ignore_eos`): new prompts arrive while other streams
+decode, the case disaggregation is for. Settings (`--settings`):
+
+- `unified`: one worker, every core (the default server);
+- `unified_itl`: the same with `scheduler.itl_target_ms` (stall-free batching, the
+  unified answer to the same problem: `--itl-target-ms`);
+- `disaggregated`: one prefill and one decode worker (`--prefill`, `--decode`), the
+  cores shared among them (`scheduler.disaggregated.*_threads` unset).
+
+Settings run in alternated order over `--rounds` rounds, so a drift of the machine hits
+them alike; the report gives per setting the median over rounds of output tok/s, TTFT
+p50/p99 and ITL p50/p99, and for `disaggregated` the end-to-end KV transfer latency
+(prefill worker's enqueue → decode worker's hydrate, queueing included) from the
+server's `inferflux_kv_transfer_seconds` histogram: p50/p99 as the upper bounds of the
+buckets they fall in, and the mean.
+
+    .venv/bin/python bench/disaggregated.py --json bench/results/disaggregated_smollm2.json
+    .venv/bin/python bench/disaggregated.py --model gemma --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from launch import kill_group, model_args, start_server
+from serve_load import (
+    LoadConfig,
+    format_table,
+    make_http_client,
+    resolve_model,
+    run_level,
+    stream_one,
+)
+from workload import make_prompts
+
+_PORT = 18461
+
+
+def _env(setting: str, args: argparse.Namespace) -> dict[str, str]:
+    if setting == "unified":
+        return {}
+    if setting == "unified_itl":
+        return {"INFERFLUX_SCHEDULER__ITL_TARGET_MS": str(args.itl_target_ms)}
+    if setting == "disaggregated":
+        return {
+            "INFERFLUX_SCHEDULER__MODE": "disaggregated",
+            "INFERFLUX_SCHEDULER__PREFILL_POOL_SIZE": str(args.prefill),
+            "INFERFLUX_SCHEDULER__DECODE_POOL_SIZE": str(args.decode),
+        }
+    raise ValueError(f"unknown setting {setting!r}")
+
+
+def transfer_quantiles(metrics_text: str) -> dict[str, float] | None:
+    """p50/p99 (bucket upper bounds), mean and count of inferflux_kv_transfer_seconds."""
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("inferflux_kv_transfer_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith("inferflux_kv_transfer_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("inferflux_kv_transfer_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    if not count:
+        return None
+
+    def bound(q: float) -> float:
+        return next(le for le, n in sorted(buckets) if n >= q * count)
+
+    return {
+        "count": count,
+        "mean_s": total / count,
+        "p50_le_s": bound(0.5),
+        "p99_le_s": bound(0.99),
+    }
+
+
+async def _one_setting(config: LoadConfig, concurrency: int, warmup: int) -> dict[str, Any]:
+    async with make_http_client(config, concurrency) as client:
+        config = replace(config, model=await resolve_model(client))
+        for prompt in make_prompts(warmup, config.seed + 1, 8, 16):
+            await stream_one(client, config, prompt)
+        level = await run_level(client, config, concurrency)
+        metrics = await client.get("/metrics")
+        level["kv_transfer"] = transfer_quantiles(metrics.text)
+        stats = (await client.get("/server/stats")).json()
+        level["channel"] = stats.get("channel")
+        return level
+
+
+def _run(setting: str, args: argparse.Namespace) -> dict[str, Any]:
+    server: subprocess.Popen[bytes] = start_server(
+        _PORT, model_args(args.model), _env(setting, args)
+    )
+    try:
+        config = LoadConfig(
+            url=f"http://127.0.0.1:{_PORT}",
+            model="",
+            endpoint="chat",
+            max_tokens=args.max_tokens,
+            requests_per_client=args.requests,
+            seed=args.seed,
+            min_words=args.min_words,
+            max_words=args.max_words,
+        )
+        level = asyncio.run(_one_setting(config, args.concurrency, args.warmup))
+    finally:
+        kill_group(server)
+    level.pop("requests")
+    level["setting"] = setting
+    print(f"{setting}\n" + format_table([level]), flush=True)
+    if level["kv_transfer"]:
+        print(f"  kv transfer: {level['kv_transfer']}  channel: {level['channel']}", flush=True)
+    return level
+
+
+def _median(levels: list[dict[str, Any]], key: str, stat: str | None) -> float:
+    values = [lv[key][stat] if stat else lv[key] for lv in levels]
+    return statistics.median(values)
+
+
+def summarize(runs: list[dict[str, Any]], settings: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for setting in settings:
+        levels = [r for r in runs if r["setting"] == setting]
+        transfers = [lv["kv_transfer"] for lv in levels if lv["kv_transfer"]]
+        rows.append(
+            {
+                "setting": setting,
+                "rounds": len(levels),
+                "errors": sum(lv["num_errors"] for lv in levels),
+                "output_tok_s": _median(levels, "output_tok_s", None),
+                "ttft_p50_ms": 1000 * _median(levels, "ttft_s", "p50"),
+                "ttft_p99_ms": 1000 * _median(levels, "ttft_s", "p99"),
+                "itl_p50_ms": 1000 * _median(levels, "itl_s", "p50"),
+                "itl_p99_ms": 1000 * _median(levels, "itl_s", "p99"),
+                "transfer_mean_ms": (
+                    1000 * statistics.median(t["mean_s"] for t in transfers) if transfers else None
+                ),
+                "transfer_p99_le_ms": (
+                    1000 * max(t["p99_le_s"] for t in transfers) if transfers else None
+                ),
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setting | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+        "| KV transfer mean / p99 ≤ ms | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        transfer = (
+            f"{r['transfer_mean_ms']:.1f} / {r['transfer_p99_le_ms']:.0f}"
+            if r["transfer_mean_ms"] is not None
+            else "-"
+        )
+        lines.append(
+            f"| {r['setting']} | {r['output_tok_s']:.1f} | {r['ttft_p50_ms']:.0f} "
+            f"| {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f} | {r['itl_p99_ms']:.0f} "
+            f"| {transfer} | {r['errors']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="smollm2, gemma, or a GGUF path")
+    p.add_argument("--settings", default="unified,unified_itl,disaggregated")
+    p.add_argument("--itl-target-ms", type=float, default=150.0)
+    p.add_argument("--prefill", type=int, default=1)
+    p.add_argument("--decode", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--min-words", type=int, default=300)
+    p.add_argument("--max-words", type=int, default=1200)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = args.settings.split(",")
+    runs: list[dict[str, Any]] = []
+    for round_index in range(args.rounds):
+        order = settings if round_index % 2 == 0 else list(reversed(settings))
+        runs.extend(_run(setting, args) for setting in order)
+    rows = summarize(runs, settings)
+    print("\n" + markdown(rows))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"args": vars(args) | {"json": str(args.json)}, "settings": rows, "runs": runs}
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
