@@ -10,7 +10,9 @@ decode, the case disaggregation is for. Settings (`--settings`):
 - `unified_itl`: the same with `scheduler.itl_target_ms` (stall-free batching, the
   unified answer to the same problem: `--itl-target-ms`);
 - `disaggregated`: one prefill and one decode worker (`--prefill`, `--decode`), the
-  cores shared among them (`scheduler.disaggregated.*_threads` unset).
+  cores shared among them (`scheduler.disaggregated.*_threads` unset);
+- `disaggregated_p2`: the same, but each prefill worker runs 2 threads and each decode
+  worker 1 (`prefill_threads` / `decode_threads`: oversubscribed on 2 cores).
 
 Settings run in alternated order over `--rounds` rounds, so a drift of the machine hits
 them alike; the report gives per setting the median over rounds of output tok/s, TTFT
@@ -53,12 +55,16 @@ def _env(setting: str, args: argparse.Namespace) -> dict[str, str]:
         return {}
     if setting == "unified_itl":
         return {"INFERFLUX_SCHEDULER__ITL_TARGET_MS": str(args.itl_target_ms)}
-    if setting == "disaggregated":
-        return {
+    if setting.startswith("disaggregated"):
+        env = {
             "INFERFLUX_SCHEDULER__MODE": "disaggregated",
             "INFERFLUX_SCHEDULER__PREFILL_POOL_SIZE": str(args.prefill),
             "INFERFLUX_SCHEDULER__DECODE_POOL_SIZE": str(args.decode),
         }
+        if setting == "disaggregated_p2":
+            env["INFERFLUX_SCHEDULER__DISAGGREGATED__PREFILL_THREADS"] = "2"
+            env["INFERFLUX_SCHEDULER__DISAGGREGATED__DECODE_THREADS"] = "1"
+        return env
     raise ValueError(f"unknown setting {setting!r}")
 
 

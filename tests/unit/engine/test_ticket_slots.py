@@ -147,3 +147,14 @@ def test_a_missing_base_folder_falls_back_to_the_temp_dir(tmp_path) -> None:
         assert os.path.isdir(slots.folder)
     finally:
         slots.close()
+
+
+async def test_a_request_cancelled_while_waiting_for_the_channel_holds_nothing(slots) -> None:
+    await slots.reserve(10)
+    await slots.reserve(10)
+    waiting = asyncio.create_task(slots.reserve(10))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert slots.stats().in_flight == 2 and slots.stats().blocked == 0
