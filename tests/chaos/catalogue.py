@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from tests.chaos.client_faults import client_faults
 from tests.chaos.context import ChaosRun
+from tests.chaos.disagg_faults import disagg_faults
 from tests.chaos.disk_faults import disk_faults
 from tests.chaos.fuzz import fuzz
 from tests.chaos.gpu_faults import gpu_faults
@@ -19,6 +20,7 @@ from tests.chaos.worker_faults import run_worker_faults
 
 GROUPS: dict[str, Callable[[ChaosRun], list[FaultResult]]] = {
     "worker": run_worker_faults,
+    "disagg": disagg_faults,
     "redis": redis_restarted,
     "opa": opa_faults,
     "client": client_faults,
