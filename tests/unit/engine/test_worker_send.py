@@ -35,6 +35,8 @@ from inferflux.scheduler.scheduler import SchedulingPolicy
 class FakeCore:
     """Counts the steps it ran since stats were last taken; nothing else."""
 
+    handoffs = None  # unified mode: no KV channel
+
     def __init__(self) -> None:
         self.steps_since_take = 0
 
