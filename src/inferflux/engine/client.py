@@ -313,6 +313,8 @@ class WorkerPoolClient:
     async def abort(self, request_id: str) -> None:
         """Abort the request in its worker and end its stream now with an ABORT delta:
         the worker's own comes only after its current step (and is then dropped)."""
+        if self._flow is not None:
+            self._flow.abort(request_id)  # waiting for the KV channel: no worker has it
         entry = self._queues.get(request_id)
         if entry is not None:
             await self._pool.send_abort(entry[1], request_id)

@@ -28,6 +28,7 @@ mode: no ticket is lost.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
@@ -58,6 +59,10 @@ Pick = Callable[[AddRequest], PoolWorker]
 _PREFILL_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)  # it samples nothing
 
 
+class _AbortedWaiting(Exception):
+    """`abort` ended a request while it waited for room in the channel."""
+
+
 class DisaggregatedFlow:
     """The request flow of disaggregated mode (see the module docstring)."""
 
@@ -74,13 +79,23 @@ class DisaggregatedFlow:
         self._stream = stream
         self._pick_prefill = pick_prefill
         self.slots = TicketSlots(lambda: settings().scheduler.disaggregated)
+        # requests waiting for room in the channel: `abort` sets their event
+        self._waiting: dict[str, asyncio.Event] = {}
 
     async def generate(
         self, request: AddRequest, serve: Serve
     ) -> AsyncGenerator[RequestDelta, None]:
         """`request`'s deltas: prefilled by the prefill pool when it qualifies, then
         streamed by a decode worker (`serve`, which resubmits if that worker dies)."""
-        path = await self._reserve(request)
+        try:
+            path = await self._reserve(request)
+        except _AbortedWaiting:
+            yield RequestDelta(
+                request_id=request.request_id,
+                finish_reason=FinishReason.ABORT,
+                num_prompt_tokens=len(request.prompt_token_ids),
+            )
+            return
         try:
             ticket: KvTicket | None = None
             if path is not None:
@@ -115,11 +130,35 @@ class DisaggregatedFlow:
             and any(w.ready and w.role == "prefill" for w in self._pool.workers.values())
         )
 
+    def abort(self, request_id: str) -> None:
+        """`EngineClient.abort` of a request waiting for room in the channel (no worker
+        holds it yet): it ends with an ABORT delta at once."""
+        event = self._waiting.get(request_id)
+        if event is not None:
+            event.set()
+
     async def _reserve(self, request: AddRequest) -> str | None:
-        """The request's ticket path, or None when it runs direct (see the module doc)."""
+        """The request's ticket path, or None when it runs direct (see the module doc).
+        Raises _AbortedWaiting when `abort` ends it while it waits for room."""
         if not self._qualifies(request):
             return None
-        return await self.slots.reserve(len(request.prompt_token_ids) - 1)
+        aborted = self._waiting[request.request_id] = asyncio.Event()
+        reserve = asyncio.ensure_future(self.slots.reserve(len(request.prompt_token_ids) - 1))
+        stop = asyncio.ensure_future(aborted.wait())
+        waited = False
+        try:
+            await asyncio.wait({reserve, stop}, return_when=asyncio.FIRST_COMPLETED)
+            waited = True
+        finally:
+            stop.cancel()
+            del self._waiting[request.request_id]
+            reserve.cancel()  # no-op once done
+            path = reserve.result() if reserve.done() and not reserve.cancelled() else None
+            if path is not None and (aborted.is_set() or not waited):
+                self.slots.release(path)  # aborted, or this task cancelled meanwhile
+        if aborted.is_set():
+            raise _AbortedWaiting
+        return path
 
     async def _prefill(self, request: AddRequest, path: str) -> KvTicket | RequestDelta | None:
         """Run the prefill leg: the ticket, the ABORT delta that ended the request, or
