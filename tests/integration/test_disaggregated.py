@@ -56,9 +56,10 @@ def worker(server: ServerProcess, role: str) -> dict:
 
 
 def ticket_files(server: ServerProcess) -> list[str]:
+    """The live tickets' files (the ring's recycled files, `free*`, are not tickets)."""
     folders = glob.glob(f"/dev/shm/inferflux-kv-{server.process.pid}-*")
     assert len(folders) == 1, folders
-    return os.listdir(folders[0])
+    return [name for name in os.listdir(folders[0]) if not name.startswith("free")]
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -91,6 +92,19 @@ def test_answers_are_the_unified_servers(server, server_url) -> None:
     prefill = worker(server, "prefill")
     assert prefill["num_prompt_tokens_total"] > 0  # the prompts were computed there
     assert ticket_files(server) == []
+    (folder,) = glob.glob(f"/dev/shm/inferflux-kv-{server.process.pid}-*")
+    assert 1 <= len(os.listdir(folder)) <= 8  # the ring keeps recycled files, capacity at most
+
+
+def test_the_ticket_folder_goes_with_the_server(tmp_path) -> None:
+    proc = ServerProcess(env=DISAGGREGATED, log_path=tmp_path / "s.log")
+    try:
+        proc.wait_ready()
+        assert chat(proc.url, QUESTIONS[0]).status_code == 200
+        assert glob.glob(f"/dev/shm/inferflux-kv-{proc.process.pid}-*")
+    finally:
+        proc.close()
+    assert glob.glob(f"/dev/shm/inferflux-kv-{proc.process.pid}-*") == []
 
 
 def test_a_stream_is_handed_off_and_its_ticket_deleted(server) -> None:
