@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 _SWEEP_AGE_S = 10.0  # a file no live ticket names, this old, is an orphan
+_PREFIX = "inferflux-kv-"  # + the API process's pid: its folder of tickets
 
 
 @dataclass(slots=True)
@@ -78,7 +79,8 @@ class TicketSlots:
         if not os.path.isdir(base):
             logger.warning("%s does not exist: KV tickets go to %s", base, tempfile.gettempdir())
             base = tempfile.gettempdir()
-        self._dir = tempfile.mkdtemp(prefix=f"inferflux-kv-{os.getpid()}-", dir=base)
+        _remove_dead_folders(base)
+        self._dir = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
 
     def close(self) -> None:
         """Delete every ticket and the folder (the workers are stopped)."""
@@ -185,3 +187,26 @@ class TicketSlots:
             direct=c.direct,
             resubmitted=c.resubmitted,
         )
+
+
+def _remove_dead_folders(base: str) -> None:
+    """Remove the ticket folders of API processes that are gone (killed with SIGKILL, so
+    they could not): tmpfs is memory, and their recycled files would hold it for good."""
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        for entry in entries:
+            if not entry.name.startswith(_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)) and entry.stat().st_uid == os.getuid():
+                logger.warning("removing the KV tickets of a server that is gone: %s", entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -158,3 +158,19 @@ async def test_a_request_cancelled_while_waiting_for_the_channel_holds_nothing(s
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert slots.stats().in_flight == 2 and slots.stats().blocked == 0
+
+
+def test_opening_removes_the_folders_of_servers_that_are_gone(settings, tmp_path) -> None:
+    dead = tmp_path / "inferflux-kv-999999999-abc"  # no such pid
+    dead.mkdir()
+    (dead / "free1").write_bytes(b"x" * 100)
+    alive = tmp_path / f"inferflux-kv-{os.getpid()}-def"
+    alive.mkdir()
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    slots = TicketSlots(lambda: settings)
+    slots.open()
+    try:
+        assert not dead.exists() and alive.exists() and other.exists()
+    finally:
+        slots.close()
