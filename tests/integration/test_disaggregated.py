@@ -214,3 +214,24 @@ def test_a_decode_worker_killed_under_load_ends_streams_cleanly(server) -> None:
     assert chat(server.url, QUESTIONS[1]).status_code == 200
     wait_until(lambda: idle(server), 10, "idle")
     assert ticket_files(server) == []
+
+
+def test_each_pool_scales_on_its_own(server) -> None:
+    scaled = httpx.post(
+        f"{server.url}/v1/admin/workers", json={"workers": 2, "role": "prefill"}, timeout=120
+    )
+    assert scaled.status_code == 200, scaled.text
+    try:
+        roles = [w["role"] for w in stats(server)["workers"] if not w.get("draining")]
+        assert sorted(roles) == ["decode", "prefill", "prefill"]
+        assert all(w["ready"] for w in stats(server)["workers"])
+        for question in QUESTIONS:  # both prefill workers take prompts (least loaded first)
+            assert chat(server.url, question).status_code == 200
+    finally:
+        back = httpx.post(
+            f"{server.url}/v1/admin/workers", json={"workers": 1, "role": "prefill"}, timeout=120
+        )
+        assert back.status_code == 200, back.text
+    wait_until(lambda: len(stats(server)["workers"]) == 2, 60, "the removed worker to stop")
+    bad = httpx.post(f"{server.url}/v1/admin/workers", json={"workers": 2, "role": "x"}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"]
