@@ -281,3 +281,21 @@ def test_a_speculating_request_survives_preemption_and_the_prefix_cache(
         assert spec is not None and spec.accepted_tokens > 0
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("model_key", ["smollm2", "gemma3"])
+def test_the_row_costs_are_measured_at_start_for_the_model(request, model_key) -> None:
+    path = request.getfixturevalue(f"{model_key}_model_path")
+    model = Model(path, gemma=model_key == "gemma3", spec=SpecConfig())  # costs unset
+    try:
+        speculator = model.core.speculator
+        assert speculator is not None
+        cost = speculator.config.cost
+        assert cost is not None  # measured, not the fixed table
+        # a second row costs something on a CPU, and never more than the bound
+        assert 0.0 < cost.second_row <= 10.0 and 0.0 <= cost.extra_row <= 10.0
+        # the scratch sequence was left empty: a request still runs from position 0
+        deltas = model.run([ASKS[0]])["q0"]
+        assert deltas[-1].finish_reason is not None and deltas[-1].error is None
+    finally:
+        model.close()

@@ -62,19 +62,21 @@ class SpeculativeSettings(BaseModel):
     probe_after: int = Field(
         64, ge=1, le=1_000_000, description="Generated tokens before a paused request probes."
     )
-    second_row_cost: float = Field(
-        1.0,
+    second_row_cost: float | None = Field(
+        None,
         ge=0.0,
         le=100.0,
         description="Cost model of the goodput gate: what a second logits row adds to a "
-        "one-row decode step, in one-row steps (2 CPU cores: 1.0, measured; a GPU: ~0).",
+        "one-row decode step, in one-row steps. Unset: measured by each worker at start "
+        "for its model and machine (docs/speculative.md; 2 CPU cores: about 1.0, a GPU: "
+        "about 0). Set it (and extra_row_cost) to skip the measurement.",
     )
-    extra_row_cost: float = Field(
-        0.4,
+    extra_row_cost: float | None = Field(
+        None,
         ge=0.0,
         le=100.0,
         description="Cost model of the goodput gate: what each further row adds, in "
-        "one-row steps (2 CPU cores: 0.4, measured; a GPU: ~0).",
+        "one-row steps. Unset: measured at start (2 CPU cores: about 0.4, a GPU: about 0).",
     )
     max_batch: int = Field(
         4,

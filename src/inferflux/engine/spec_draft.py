@@ -16,7 +16,12 @@ import logging
 from dataclasses import dataclass, field
 
 from inferflux.engine.backends.base import DecodeChunk, ModelBackend
-from inferflux.engine.speculative import NgramProposer, _RequestDrafts, best_draft_length
+from inferflux.engine.speculative import (
+    NgramProposer,
+    _Candidate,
+    _RequestDrafts,
+    best_draft_length,
+)
 from inferflux.errors import EngineError, ModelLoadError
 from inferflux.scheduler import Request, RequestId
 
@@ -83,22 +88,21 @@ class DraftModelProposer(NgramProposer):
         self._owner[seq] = request.request_id
         return seq
 
-    def _drafts(
-        self, active: list[tuple[Request, _RequestDrafts]]
-    ) -> list[tuple[float, RequestId, list[int]]]:
+    def _drafts(self, active: list[tuple[Request, _RequestDrafts]]) -> list[_Candidate]:
         rows = len(active)
         chosen: list[tuple[float, Request, int]] = []
         for request, state in active:
             rate = state.tracker.estimate(len(request.output_token_ids))
             k, _ = best_draft_length(
-                rate, self.config.max_draft_tokens, rows, rows, self.config.cost
+                rate, self.config.max_draft_tokens, rows, rows, self.config.step_cost
             )
             if k > 0:
                 chosen.append((rate, request, k))
         if not chosen:
             return []
         drafts = self._generate([(r, k) for _, r, k in chosen])
-        return [(rate, r.request_id, drafts[r.request_id]) for rate, r, _ in chosen]
+        # match length 0: not an n-gram draft (MatchPrior neither explores nor learns it)
+        return [(rate, r.request_id, drafts[r.request_id], 0) for rate, r, _ in chosen]
 
     def _generate(self, wanted: list[tuple[Request, int]]) -> dict[RequestId, list[int]]:
         """`_generate_all`; a draft decode that fails costs only this step's drafts (the

@@ -23,6 +23,7 @@ floating-point effect of a different batch shape on the logits).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,10 +38,54 @@ MATCH_CAP = 32  # match lengths are measured up to this
 
 
 def match_prior(length: int) -> float:
-    """Expected per-token acceptance of a draft whose context matched `length` tokens:
-    1 - 1/length (4 → 0.75, 8 → 0.875, 32 → 0.97). Free text repeats 2–5-token
-    phrases by chance; copying matches long stretches (bench/speculative.py)."""
+    """Expected per-token acceptance of a draft whose context matched `length` tokens,
+    before anything was measured: 1 - 1/length (4 → 0.75, 8 → 0.875, 32 → 0.97). Free
+    text repeats 2–5-token phrases by chance; copying matches long stretches
+    (bench/speculative.py). `MatchPrior` learns the real rates per worker."""
     return 1.0 - 1.0 / max(length, 1)
+
+
+_MATCH_BUCKETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)  # lower bounds of match lengths
+
+
+@dataclass(slots=True)
+class MatchPrior:
+    """Per-token acceptance of drafts by the length of their match, learned from every
+    verification of one worker (its model, its traffic), starting from `match_prior`.
+
+    Why: the fixed prior is a guess; on copy-heavy work a 4-token match is accepted far
+    more often than 0.75, on free chat less. A bucket the goodput gate keeps turning down
+    would never be measured, so every `explore_every`-th turned-down draft of a bucket is
+    made anyway, `explore_tokens` long (a bounded cost: `docs/speculative.md`)."""
+
+    decay: float = 0.97  # weight of the history per verified position
+    explore_every: int = 16
+    explore_tokens: int = 3
+    rates: list[float] = field(default_factory=lambda: [match_prior(b) for b in _MATCH_BUCKETS])
+    seen: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
+    _declined: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
+
+    @staticmethod
+    def bucket(length: int) -> int:
+        return max(0, bisect.bisect_right(_MATCH_BUCKETS, length) - 1)
+
+    def rate(self, length: int) -> float:
+        return self.rates[self.bucket(length)]
+
+    def explore(self, length: int) -> bool:
+        """The gate turned down a draft of this match length: make it anyway this time?"""
+        b = self.bucket(length)
+        self._declined[b] += 1
+        return self._declined[b] % self.explore_every == 0
+
+    def record(self, length: int, drafted: int, accepted: int) -> None:
+        """A draft made at a `length`-token match had its first `accepted` of `drafted`
+        tokens accepted: hits for those, a miss for the first rejected one."""
+        b = self.bucket(length)
+        outcomes = [1.0] * accepted + ([0.0] if accepted < drafted else [])
+        for hit in outcomes:
+            self.rates[b] = self.decay * self.rates[b] + (1.0 - self.decay) * hit
+        self.seen[b] += len(outcomes)
 
 
 class NgramIndex:
@@ -241,8 +286,15 @@ class SpecConfig:
     min_acceptance: float = 0.5
     max_batch: int = 4  # no speculation when this many sequences decode together
     probe_after: int = 64
-    cost: StepCost = field(default_factory=StepCost)
-    draft_model: str | None = None  # a GGUF: draft-model mode (engine/spec_draft.py)
+    cost: StepCost | None = None  # None: measured at worker start (engine/spec_cost.py)
+    draft_model: str | None = None
+
+    @property
+    def step_cost(self) -> StepCost:
+        """The gate's row costs: measured or configured, else the 2-core CPU table."""
+        return (
+            self.cost if self.cost is not None else StepCost()
+        )  # a GGUF: draft-model mode (engine/spec_draft.py)
 
 
 @dataclass(slots=True)
@@ -250,6 +302,11 @@ class _RequestDrafts:
     index: NgramIndex
     tracker: AcceptanceTracker
     enabled: bool
+    match_length: int = 0  # of the draft proposed last (MatchPrior learns from it)
+
+
+# (expected acceptance, request id, the longest draft, its match length)
+_Candidate = tuple[float, RequestId, list[int], int]
 
 
 @dataclass(slots=True)
@@ -273,6 +330,7 @@ class NgramProposer:
 
     config: SpecConfig
     counters: SpecCounters = field(default_factory=SpecCounters)
+    prior: MatchPrior = field(default_factory=MatchPrior)
     _requests: dict[RequestId, _RequestDrafts] = field(default_factory=dict)
 
     def register(self, request: Request, *, enabled: bool) -> None:
@@ -301,24 +359,25 @@ class NgramProposer:
                 active.append((request, state))
         return active
 
-    def _candidates(self, requests: list[Request]) -> list[tuple[float, RequestId, list[int]]]:
-        """(expected acceptance, id, longest draft) of every request that may speculate,
-        most promising first."""
+    def _candidates(self, requests: list[Request]) -> list[_Candidate]:
+        """(expected acceptance, id, longest draft, match length) of every request that
+        may speculate, most promising first."""
         found = self._drafts(self._active(requests))
         found.sort(key=lambda c: -c[0])
         return found
 
-    def _drafts(
-        self, active: list[tuple[Request, _RequestDrafts]]
-    ) -> list[tuple[float, RequestId, list[int]]]:
-        found: list[tuple[float, RequestId, list[int]]] = []
+    def _drafts(self, active: list[tuple[Request, _RequestDrafts]]) -> list[_Candidate]:
+        found: list[_Candidate] = []
         for request, state in active:
             index = state.index
             index.extend(request.output_token_ids[len(index.tokens) - request.num_prompt_tokens :])
             draft, length = index.propose_matched(self.config.max_draft_tokens)
             if draft:
                 rate = state.tracker.estimate(len(request.output_token_ids))
-                found.append((min(rate, match_prior(length)), request.request_id, draft))
+                state.match_length = length
+                found.append(
+                    (min(rate, self.prior.rate(length)), request.request_id, draft, length)
+                )
         return found
 
     def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
@@ -328,10 +387,13 @@ class NgramProposer:
             return {}
         rows, tokens = len(requests), float(len(requests))
         drafts: dict[RequestId, list[int]] = {}
-        for rate, request_id, draft in self._candidates(requests):
+        for rate, request_id, draft, length in self._candidates(requests):
             k, gain = best_draft_length(
-                rate, min(len(draft), budget), rows, tokens, self.config.cost
+                rate, min(len(draft), budget), rows, tokens, self.config.step_cost
             )
+            if k == 0 and length > 0 and self.prior.explore(length):
+                k = min(len(draft), budget, self.prior.explore_tokens)
+                gain = expected_gain(rate, k)
             if k == 0:
                 continue
             drafts[request_id] = draft[:k]
@@ -350,3 +412,5 @@ class NgramProposer:
         state = self._requests.get(request.request_id)
         if state is not None:
             state.tracker.record(drafted, accepted, len(request.output_token_ids))
+            if state.match_length > 0:  # an n-gram draft (not a draft model's)
+                self.prior.record(state.match_length, drafted, accepted)

@@ -39,7 +39,7 @@ from inferflux.engine.backends.offload import (
     load_with_fallback,
     log_plan,
 )
-from inferflux.engine.core import EngineCore
+from inferflux.engine.core import EngineCore, sampler_spec
 from inferflux.engine.embed_queue import EmbeddingBackend, EmbedOutcome, EmbedQueue
 from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.heartbeat import Heartbeat, StepClock
@@ -54,6 +54,7 @@ from inferflux.engine.messages import (
     EngineOutput,
     Reconfigure,
     RequestDelta,
+    SamplingParams,
     Shutdown,
     StepOutputs,
     WorkerFailed,
@@ -64,6 +65,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file, verify_mmproj
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
+from inferflux.engine.spec_cost import measure_step_cost
 from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
 from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
 from inferflux.engine.stream_buffer import StreamBuffer
@@ -190,8 +192,21 @@ def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
         min_acceptance=settings.min_acceptance,
         max_batch=settings.max_batch,
         probe_after=settings.probe_after,
-        cost=StepCost(settings.second_row_cost, settings.extra_row_cost),
+        cost=_fixed_cost(settings),
         draft_model=settings.draft_model if settings.mode == "draft" else None,
+    )
+
+
+def _fixed_cost(settings: SpeculativeSettings) -> StepCost | None:
+    """The configured row costs; None (measured at start) when neither is set. One set
+    alone keeps the other at its 2-core CPU value."""
+    second, extra = settings.second_row_cost, settings.extra_row_cost
+    if second is None and extra is None:
+        return None
+    default = StepCost()
+    return StepCost(
+        default.second_row if second is None else second,
+        default.extra_row if extra is None else extra,
     )
 
 
@@ -377,6 +392,13 @@ def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer
     spec = config.speculative
     if spec is None:
         return None
+    if spec.cost is None:  # measured now, for this model on this machine (spec_cost.py)
+        measured = measure_step_cost(
+            backend,
+            config.context.n_seq_max - 1,
+            lambda: backend.make_sampler(sampler_spec(SamplingParams(max_tokens=1))),
+        )
+        spec = dataclasses.replace(spec, cost=measured)
     if spec.draft_model is None:
         return NgramProposer(spec)
     context = dataclasses.replace(

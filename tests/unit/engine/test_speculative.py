@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from inferflux.engine.speculative import (
     AcceptanceTracker,
+    MatchPrior,
     NgramIndex,
     NgramProposer,
     SpecConfig,
@@ -161,3 +162,43 @@ def test_match_length_is_measured_backwards() -> None:
     index.extend([5, 1, 2, 3, 4, 9, 7, 2, 3, 4])
     assert index.propose_matched(2) == ([9, 7], 3)
     assert match_prior(4) == 0.75 and match_prior(16) > 0.93
+
+
+def test_the_match_prior_learns_each_match_length_from_its_verifications() -> None:
+    prior = MatchPrior()
+    assert prior.rate(4) == match_prior(4) == 0.75  # before anything was seen
+    for _ in range(30):
+        prior.record(4, 3, 3)  # 4-token matches are copied whole here
+    assert prior.rate(4) > 0.95 and prior.seen[prior.bucket(4)] == 90
+    assert prior.rate(3) == match_prior(3) and prior.rate(5) == match_prior(5)  # untouched
+    for _ in range(60):
+        prior.record(16, 4, 0)  # 16-token matches fail at once
+    assert prior.rate(20) < 0.3  # the same bucket (16..23)
+
+
+def test_a_turned_down_bucket_is_explored_now_and_then() -> None:
+    prior = MatchPrior(explore_every=4)
+    assert [prior.explore(3) for _ in range(8)] == [False, False, False, True] * 2
+    assert not prior.explore(12)  # buckets count apart
+
+
+def test_a_short_match_is_drafted_once_it_proved_reliable() -> None:
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=4))
+    proposer.prior = MatchPrior(explore_every=1000)
+    r = _request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    proposer.register(r, enabled=True)
+    assert proposer.propose([r], 100) == {}  # a 3-token match: 0.67 by the fixed prior
+    for _ in range(40):
+        proposer.prior.record(3, 4, 4)
+    assert proposer.propose([r], 100) == {RequestId("r"): [4, 5, 6, 7]}
+    proposer.record(r, 4, 4)
+    assert proposer.prior.seen[MatchPrior.bucket(3)] == 164  # it learns from its own drafts
+
+
+def test_exploration_drafts_a_few_tokens_of_a_turned_down_match() -> None:
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=8))
+    proposer.prior = MatchPrior(explore_every=2, explore_tokens=2)
+    r = _request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    proposer.register(r, enabled=True)
+    assert proposer.propose([r], 100) == {}
+    assert proposer.propose([r], 100) == {RequestId("r"): [4, 5]}
