@@ -28,24 +28,15 @@ buckets they fall in, and the mean.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-import subprocess
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from launch import kill_group, model_args, start_server
-from serve_load import (
-    LoadConfig,
-    format_table,
-    make_http_client,
-    resolve_model,
-    run_level,
-    stream_one,
-)
-from workload import make_prompts
+import httpx
+
+from itl_tradeoff import median_of, run_setting
+from serve_load import format_table
 
 _PORT = 18461
 
@@ -94,48 +85,18 @@ def transfer_quantiles(metrics_text: str) -> dict[str, float] | None:
     }
 
 
-async def _one_setting(config: LoadConfig, concurrency: int, warmup: int) -> dict[str, Any]:
-    async with make_http_client(config, concurrency) as client:
-        config = replace(config, model=await resolve_model(client))
-        for prompt in make_prompts(warmup, config.seed + 1, 8, 16):
-            await stream_one(client, config, prompt)
-        level = await run_level(client, config, concurrency)
-        metrics = await client.get("/metrics")
-        level["kv_transfer"] = transfer_quantiles(metrics.text)
-        stats = (await client.get("/server/stats")).json()
-        level["channel"] = stats.get("channel")
-        return level
+async def _transfer_and_channel(client: httpx.AsyncClient, level: dict[str, Any]) -> None:
+    level["kv_transfer"] = transfer_quantiles((await client.get("/metrics")).text)
+    level["channel"] = (await client.get("/server/stats")).json().get("channel")
 
 
 def _run(setting: str, args: argparse.Namespace) -> dict[str, Any]:
-    server: subprocess.Popen[bytes] = start_server(
-        _PORT, model_args(args.model), _env(setting, args)
-    )
-    try:
-        config = LoadConfig(
-            url=f"http://127.0.0.1:{_PORT}",
-            model="",
-            endpoint="chat",
-            max_tokens=args.max_tokens,
-            requests_per_client=args.requests,
-            seed=args.seed,
-            min_words=args.min_words,
-            max_words=args.max_words,
-        )
-        level = asyncio.run(_one_setting(config, args.concurrency, args.warmup))
-    finally:
-        kill_group(server)
-    level.pop("requests")
+    level = run_setting(_PORT, args, _env(setting, args), _transfer_and_channel)
     level["setting"] = setting
     print(f"{setting}\n" + format_table([level]), flush=True)
     if level["kv_transfer"]:
         print(f"  kv transfer: {level['kv_transfer']}  channel: {level['channel']}", flush=True)
     return level
-
-
-def _median(levels: list[dict[str, Any]], key: str, stat: str | None) -> float:
-    values = [lv[key][stat] if stat else lv[key] for lv in levels]
-    return statistics.median(values)
 
 
 def summarize(runs: list[dict[str, Any]], settings: list[str]) -> list[dict[str, Any]]:
@@ -148,11 +109,11 @@ def summarize(runs: list[dict[str, Any]], settings: list[str]) -> list[dict[str,
                 "setting": setting,
                 "rounds": len(levels),
                 "errors": sum(lv["num_errors"] for lv in levels),
-                "output_tok_s": _median(levels, "output_tok_s", None),
-                "ttft_p50_ms": 1000 * _median(levels, "ttft_s", "p50"),
-                "ttft_p99_ms": 1000 * _median(levels, "ttft_s", "p99"),
-                "itl_p50_ms": 1000 * _median(levels, "itl_s", "p50"),
-                "itl_p99_ms": 1000 * _median(levels, "itl_s", "p99"),
+                "output_tok_s": median_of(levels, "output_tok_s", None),
+                "ttft_p50_ms": 1000 * median_of(levels, "ttft_s", "p50"),
+                "ttft_p99_ms": 1000 * median_of(levels, "ttft_s", "p99"),
+                "itl_p50_ms": 1000 * median_of(levels, "itl_s", "p50"),
+                "itl_p99_ms": 1000 * median_of(levels, "itl_s", "p99"),
                 "transfer_mean_ms": (
                     1000 * statistics.median(t["mean_s"] for t in transfers) if transfers else None
                 ),

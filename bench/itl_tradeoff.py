@@ -19,9 +19,12 @@ import asyncio
 import json
 import statistics
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from launch import kill_group, model_args, start_server
 from serve_load import (
@@ -37,23 +40,33 @@ from workload import make_prompts
 _PORT = 18431
 
 
-async def _one_setting(config: LoadConfig, concurrency: int, warmup: int) -> dict[str, Any]:
+async def _one_setting(
+    config: LoadConfig, concurrency: int, warmup: int, finish: Finish | None
+) -> dict[str, Any]:
     async with make_http_client(config, concurrency) as client:
         config = replace(config, model=await resolve_model(client))
         for prompt in make_prompts(warmup, config.seed + 1, 8, 16):
             await stream_one(client, config, prompt)
-        return await run_level(client, config, concurrency)
+        level = await run_level(client, config, concurrency)
+        if finish is not None:
+            await finish(client, level)
+        return level
 
 
-def _run(target_ms: float, args: argparse.Namespace) -> dict[str, Any]:
-    server: subprocess.Popen[bytes] = start_server(
-        _PORT,
-        model_args(args.model),
-        {"INFERFLUX_SCHEDULER__ITL_TARGET_MS": str(target_ms)},
-    )
+# reads more of the server into a level's report before it stops (bench/disaggregated.py)
+Finish = Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[None]]
+
+
+def run_setting(
+    port: int, args: argparse.Namespace, env: dict[str, str], finish: Finish | None = None
+) -> dict[str, Any]:
+    """A fresh `inferflux serve` with `env` on `port` under the load `args` describe
+    (--model, --concurrency, --requests, --max-tokens, --min/max-words, --warmup, --seed):
+    the level's report without its per-request rows."""
+    server: subprocess.Popen[bytes] = start_server(port, model_args(args.model), env)
     try:
         config = LoadConfig(
-            url=f"http://127.0.0.1:{_PORT}",
+            url=f"http://127.0.0.1:{port}",
             model="",
             endpoint="chat",
             max_tokens=args.max_tokens,
@@ -62,16 +75,21 @@ def _run(target_ms: float, args: argparse.Namespace) -> dict[str, Any]:
             min_words=args.min_words,
             max_words=args.max_words,
         )
-        level = asyncio.run(_one_setting(config, args.concurrency, args.warmup))
+        level = asyncio.run(_one_setting(config, args.concurrency, args.warmup, finish))
     finally:
         kill_group(server)
     level.pop("requests")
+    return level
+
+
+def _run(target_ms: float, args: argparse.Namespace) -> dict[str, Any]:
+    level = run_setting(_PORT, args, {"INFERFLUX_SCHEDULER__ITL_TARGET_MS": str(target_ms)})
     level["itl_target_ms"] = target_ms
     print(f"itl_target_ms={target_ms:g}\n" + format_table([level]), flush=True)
     return level
 
 
-def _median(levels: list[dict[str, Any]], key: str, stat: str | None) -> float:
+def median_of(levels: list[dict[str, Any]], key: str, stat: str | None) -> float:
     values = [lv[key][stat] if stat else lv[key] for lv in levels]
     return statistics.median(values)
 
@@ -86,11 +104,11 @@ def summarize_settings(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
                 "itl_target_ms": target,
                 "rounds": len(levels),
                 "errors": sum(lv["num_errors"] for lv in levels),
-                "output_tok_s": _median(levels, "output_tok_s", None),
-                "ttft_p50_ms": 1000 * _median(levels, "ttft_s", "p50"),
-                "ttft_p99_ms": 1000 * _median(levels, "ttft_s", "p99"),
-                "itl_p50_ms": 1000 * _median(levels, "itl_s", "p50"),
-                "itl_p99_ms": 1000 * _median(levels, "itl_s", "p99"),
+                "output_tok_s": median_of(levels, "output_tok_s", None),
+                "ttft_p50_ms": 1000 * median_of(levels, "ttft_s", "p50"),
+                "ttft_p99_ms": 1000 * median_of(levels, "ttft_s", "p99"),
+                "itl_p50_ms": 1000 * median_of(levels, "itl_s", "p50"),
+                "itl_p99_ms": 1000 * median_of(levels, "itl_s", "p99"),
             }
         )
     return rows

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
 import time
 from typing import Any
 
 from tests.chaos.context import ChaosRun
-from tests.chaos.load import LoadSpec, StreamLoad, first_ok_after, tally
 from tests.chaos.report import FaultResult
 from tests.chaos.servers import serving, wait_until, workers
+from tests.chaos.worker_faults import REPLACE_TARGET_S, kill_under_load
 
 PREFILL, DECODE = 1, 2
-REPLACE_TARGET_S = 60.0
 ENV = {
     "INFERFLUX_SCHEDULER__MODE": "disaggregated",
     "INFERFLUX_SCHEDULER__PREFILL_POOL_SIZE": str(PREFILL),
@@ -27,11 +25,6 @@ ENV = {
 
 def _of(url: str, role: str) -> list[dict[str, Any]]:
     return [w for w in workers(url) if w.get("role") == role]
-
-
-def _replaced(url: str, victim: dict[str, Any]) -> bool:
-    worker = next(w for w in workers(url) if w["worker_id"] == victim["worker_id"])
-    return bool(worker["ready"]) and worker["pid"] != victim["pid"]
 
 
 def _tickets_left(server_pid: int) -> int:
@@ -52,26 +45,11 @@ def _killed(run: ChaosRun, url: str, server_pid: int, role: str) -> FaultResult:
         passed=True,
     )
     wait_until(lambda: all(w["ready"] for w in workers(url)), 120)
-    load = StreamLoad(url, LoadSpec(streams=run.streams)).start()
-    load.wait_for(run.streams)
-    victim = max(_of(url, role), key=lambda w: int(w["num_in_flight"]))
-    os.kill(victim["pid"], signal.SIGKILL)
-    killed_at = time.monotonic()
-    result.recovery_s = wait_until(lambda: _replaced(url, victim), 120)
-    time.sleep(run.seconds(9))
-    outcomes = load.stop()
-    result.count(tally(outcomes))
-    again = first_ok_after(outcomes, killed_at)
-    result.notes.append(
-        f"victim held {victim['num_in_flight']} requests; first ok request sent after the kill "
-        f"ended {again if again is None else round(again, 2)} s after it"
+    victim = kill_under_load(
+        run, url, result, lambda: max(_of(url, role), key=lambda w: int(w["num_in_flight"]))
     )
-    result.check(result.lost == 0 and result.status_500 == 0, "0 lost and 0 500s")
     allowed = 0 if prefill else max(int(victim["num_in_flight"]), 1)
     result.check(result.failed <= allowed, "failed ≤ allowed")
-    result.check(
-        result.recovery_s is not None and result.recovery_s <= REPLACE_TARGET_S, "replaced"
-    )
     drained = wait_until(lambda: _tickets_left(server_pid) == 0, 30)
     result.check(drained is not None, "no ticket file left")
     return result

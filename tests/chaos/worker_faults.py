@@ -9,6 +9,7 @@ import os
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.chaos.context import ChaosRun
@@ -40,17 +41,15 @@ def _busiest(url: str) -> dict[str, Any]:
     return max(workers(url), key=lambda w: int(w["num_in_flight"]))
 
 
-def worker_killed(run: ChaosRun, url: str) -> FaultResult:
-    """SIGKILL the busiest worker under load: only its streams may fail (cleanly)."""
-    result = FaultResult(
-        f"worker kill -9 ({run.streams} streams, {NUM_WORKERS} workers)",
-        target="0 lost, 0 500s; failed ≤ streams on the victim; replaced ≤ "
-        f"{REPLACE_TARGET_S:.0f} s",
-        passed=True,
-    )
+def kill_under_load(
+    run: ChaosRun, url: str, result: FaultResult, victim_of: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """Start the load, SIGKILL the worker `victim_of` picks once every stream runs, wait
+    for its replacement (recovery time), let the load go on, and count it into `result`.
+    Checks 0 lost and 0 500s, and the replacement; returns the victim as it was."""
     load = StreamLoad(url, LoadSpec(streams=run.streams)).start()
     load.wait_for(run.streams)
-    victim = _busiest(url)
+    victim = victim_of()
     os.kill(victim["pid"], signal.SIGKILL)
     killed_at = time.monotonic()
     result.recovery_s = wait_until(lambda: _replaced(url, victim), 120)
@@ -63,10 +62,22 @@ def worker_killed(run: ChaosRun, url: str) -> FaultResult:
         f"ended {serving_again if serving_again is None else round(serving_again, 2)} s after it"
     )
     result.check(result.lost == 0 and result.status_500 == 0, "0 lost and 0 500s")
-    result.check(result.failed <= max(int(victim["num_in_flight"]), 1), "failed ≤ in flight")
     result.check(
         result.recovery_s is not None and result.recovery_s <= REPLACE_TARGET_S, "replaced"
     )
+    return victim
+
+
+def worker_killed(run: ChaosRun, url: str) -> FaultResult:
+    """SIGKILL the busiest worker under load: only its streams may fail (cleanly)."""
+    result = FaultResult(
+        f"worker kill -9 ({run.streams} streams, {NUM_WORKERS} workers)",
+        target="0 lost, 0 500s; failed ≤ streams on the victim; replaced ≤ "
+        f"{REPLACE_TARGET_S:.0f} s",
+        passed=True,
+    )
+    victim = kill_under_load(run, url, result, lambda: _busiest(url))
+    result.check(result.failed <= max(int(victim["num_in_flight"]), 1), "failed ≤ in flight")
     return result
 
 

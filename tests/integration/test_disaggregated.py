@@ -38,6 +38,8 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     proc = ServerProcess(env=DISAGGREGATED, log_path=tmp_path_factory.mktemp("log") / "s.log")
     try:
         proc.wait_ready()
+        # /readyz answers once the decode worker is: wait for the prefill worker too
+        wait_until(lambda: all(w["ready"] for w in stats(proc)["workers"]), 120, "workers")
         yield proc
     finally:
         proc.close()
@@ -100,6 +102,7 @@ def test_the_ticket_folder_goes_with_the_server(tmp_path) -> None:
     proc = ServerProcess(env=DISAGGREGATED, log_path=tmp_path / "s.log")
     try:
         proc.wait_ready()
+        wait_until(lambda: all(w["ready"] for w in stats(proc)["workers"]), 120, "workers")
         assert chat(proc.url, QUESTIONS[0]).status_code == 200
         assert glob.glob(f"/dev/shm/inferflux-kv-{proc.process.pid}-*")
     finally:

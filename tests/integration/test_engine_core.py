@@ -33,17 +33,26 @@ QUESTIONS = [
 
 
 def make_core(
-    path: str, *, n_ctx: int = 512, max_batch_tokens: int = 256, kv_unified: bool = False
+    path: str,
+    *,
+    n_ctx: int = 512,
+    max_batch_tokens: int = 256,
+    kv_unified: bool = False,
+    max_num_seqs: int = 8,
+    role: str = "unified",
 ) -> EngineCore:
+    """A worker's engine over 8 sequences; with `max_num_seqs` < 8, the rest hold the
+    prefix cache. `role`: "prefill" | "decode" for disaggregated mode's KV hand-off."""
     config = WorkerConfig(
         worker_id=0,
         generation=1,
         input_address="",
         output_address="",
         context=ContextConfig(path, n_ctx, 8, max_batch_tokens, 2, 2, kv_unified),
-        max_num_seqs=8,
+        max_num_seqs=max_num_seqs,
         max_batch_tokens=max_batch_tokens,
         observability=ObservabilitySettings(),
+        role=role,
     )
     return build_engine_core(config)
 

@@ -14,17 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from inferflux.config.settings import ObservabilitySettings
-from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
+from inferflux.engine.backends.llama_cpp import LlamaTokenizer
 from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import (
     AddRequest,
     FinishReason,
     KvTicket,
-    RequestDelta,
     SamplingParams,
 )
-from inferflux.engine.worker import WorkerConfig, build_engine_core
+from tests.integration.test_engine_core import chat_prompt, make_core, run, tokens_of
 
 pytestmark = pytest.mark.model
 
@@ -33,21 +31,6 @@ QUESTIONS = [
     "Explain photosynthesis briefly.",
     "Write a short poem about cats.",
 ]
-
-
-def make_core(path: str, role: str) -> EngineCore:
-    config = WorkerConfig(
-        worker_id=0,
-        generation=1,
-        input_address="",
-        output_address="",
-        context=ContextConfig(path, 512, 8, 256, 2, 2, False),  # 4 running + 4 cached
-        max_num_seqs=4,
-        max_batch_tokens=256,
-        observability=ObservabilitySettings(),
-        role=role,
-    )
-    return build_engine_core(config)
 
 
 @pytest.fixture(scope="module")
@@ -59,35 +42,18 @@ def tokenizer(smollm2_model_path: str) -> Iterator[LlamaTokenizer]:
 
 @pytest.fixture(scope="module")
 def cores(smollm2_model_path: str) -> Iterator[dict[str, EngineCore]]:
-    made = {role: make_core(smollm2_model_path, role) for role in ("prefill", "decode", "unified")}
+    made = {
+        role: make_core(smollm2_model_path, max_num_seqs=4, role=role)  # 4 running + 4 cached
+        for role in ("prefill", "decode", "unified")
+    }
     yield made
     for core in made.values():
         core.close()
 
 
-def chat_prompt(tok: LlamaTokenizer, question: str) -> list[int]:
-    text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-    return tok.tokenize(text, add_special=True, parse_special=True)
-
-
-def run(core: EngineCore, requests: list[AddRequest]) -> dict[str, list[RequestDelta]]:
-    deltas: dict[str, list[RequestDelta]] = {r.request_id: [] for r in requests}
-    for request in requests:
-        for delta in core.add_request(request):
-            deltas[delta.request_id].append(delta)
-    while core.has_work():
-        for delta in core.step():
-            deltas[delta.request_id].append(delta)
-    return deltas
-
-
 def request(rid: str, prompt: list[int], **fields: object) -> AddRequest:
     sampling = SamplingParams(max_tokens=24, temperature=0.0)
     return AddRequest(request_id=rid, prompt_token_ids=prompt, sampling=sampling, **fields)  # type: ignore[arg-type]
-
-
-def tokens_of(deltas: list[RequestDelta]) -> list[int]:
-    return [t for d in deltas for t in d.token_ids]
 
 
 def prefill(

@@ -206,6 +206,12 @@ def test_one_request_is_one_trace_across_api_and_worker(
 def test_a_handed_off_request_traces_its_kv_transfer(receiver: _Receiver, tmp_path) -> None:
     env = _tracing_env(receiver) | {"INFERFLUX_SCHEDULER__MODE": "disaggregated"}
     for url in _serve(env, tmp_path):
+        # /readyz answers once the decode worker is ready; a request sent before the
+        # prefill worker is would run direct (no hand-off, no transfer span)
+        deadline = time.monotonic() + WAIT_S
+        while httpx.get(f"{url}/readyz").json()["pools"]["prefill"]["ready"] < 1:
+            assert time.monotonic() < deadline, "the prefill worker never became ready"
+            time.sleep(0.1)
         headers = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"}
         body = {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 4}
         response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)

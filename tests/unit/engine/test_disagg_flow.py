@@ -193,29 +193,23 @@ async def test_a_full_channel_blocks_then_runs_direct(tmp_path) -> None:
     flow.slots.release(held)  # type: ignore[arg-type]
 
 
-async def test_abort_while_waiting_for_the_channel_ends_it_at_once(tmp_path) -> None:
+@pytest.mark.parametrize("how", ["abort", "client_gone"])
+async def test_a_request_ended_while_waiting_for_the_channel_holds_nothing(tmp_path, how) -> None:
     prefill, decode = FakePrefill(None), FakeDecode()
     flow = _flow(tmp_path, prefill, channel_capacity=1, ticket_wait_s=30)
     held = await flow.slots.reserve(10)
     task = asyncio.create_task(_run(flow, decode, _request()))
     await asyncio.sleep(0.05)
-    flow.abort("r")
-    deltas = await asyncio.wait_for(task, 5)
-    assert [d.finish_reason for d in deltas] == [FinishReason.ABORT]
-    assert deltas[0].num_prompt_tokens == len(PROMPT)
+    if how == "abort":  # EngineClient.abort: no worker holds it, it ends at once
+        flow.abort("r")
+        deltas = await asyncio.wait_for(task, 5)
+        assert [d.finish_reason for d in deltas] == [FinishReason.ABORT]
+        assert deltas[0].num_prompt_tokens == len(PROMPT)
+    else:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     assert prefill.sent == [] and decode.tickets == []
     assert flow.slots.stats().in_flight == 1  # only the slot the test holds
-    flow.slots.release(held)  # type: ignore[arg-type]
-
-
-async def test_a_client_gone_while_waiting_leaks_no_slot(tmp_path) -> None:
-    prefill, decode = FakePrefill(None), FakeDecode()
-    flow = _flow(tmp_path, prefill, channel_capacity=1, ticket_wait_s=30)
-    held = await flow.slots.reserve(10)
-    task = asyncio.create_task(_run(flow, decode, _request()))
-    await asyncio.sleep(0.05)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
     flow.slots.release(held)  # type: ignore[arg-type]
     assert flow.slots.stats().in_flight == 0
