@@ -373,11 +373,12 @@ class NgramProposer:
             index.extend(request.output_token_ids[len(index.tokens) - request.num_prompt_tokens :])
             draft, length = index.propose_matched(self.config.max_draft_tokens)
             if draft:
-                rate = state.tracker.estimate(len(request.output_token_ids))
+                # NOTE: the gate's rate is the one learned for this match length; the
+                # request's own tracker only pauses it (below min_acceptance). Its fast
+                # average fell under break-even after the one miss that ends every copied
+                # stretch, and the gate then declined the next stretch's first drafts.
                 state.match_length = length
-                found.append(
-                    (min(rate, self.prior.rate(length)), request.request_id, draft, length)
-                )
+                found.append((self.prior.rate(length), request.request_id, draft, length))
         return found
 
     def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
