@@ -58,9 +58,9 @@ class MatchPrior:
     would never be measured, so every `explore_every`-th turned-down draft of a bucket is
     made anyway, `explore_tokens` long (a bounded cost: `docs/speculative.md`)."""
 
-    decay: float = 0.97  # weight of the history per verified position
-    explore_every: int = 16
-    explore_tokens: int = 3
+    decay: float = 0.9  # weight of the history per verified position
+    explore_every: int = 64
+    explore_tokens: int = 2
     rates: list[float] = field(default_factory=lambda: [match_prior(b) for b in _MATCH_BUCKETS])
     seen: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
     _declined: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
