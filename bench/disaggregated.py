@@ -28,14 +28,12 @@ buckets they fall in, and the mean.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from itl_tradeoff import median_of, run_setting
+from itl_tradeoff import latency_row, load_arguments, report, run_rounds, run_setting
 from serve_load import format_table
 
 _PORT = 18461
@@ -105,15 +103,9 @@ def summarize(runs: list[dict[str, Any]], settings: list[str]) -> list[dict[str,
         levels = [r for r in runs if r["setting"] == setting]
         transfers = [lv["kv_transfer"] for lv in levels if lv["kv_transfer"]]
         rows.append(
-            {
-                "setting": setting,
-                "rounds": len(levels),
-                "errors": sum(lv["num_errors"] for lv in levels),
-                "output_tok_s": median_of(levels, "output_tok_s", None),
-                "ttft_p50_ms": 1000 * median_of(levels, "ttft_s", "p50"),
-                "ttft_p99_ms": 1000 * median_of(levels, "ttft_s", "p99"),
-                "itl_p50_ms": 1000 * median_of(levels, "itl_s", "p50"),
-                "itl_p99_ms": 1000 * median_of(levels, "itl_s", "p99"),
+            {"setting": setting}
+            | latency_row(levels)
+            | {
                 "transfer_mean_ms": (
                     1000 * statistics.median(t["mean_s"] for t in transfers) if transfers else None
                 ),
@@ -145,39 +137,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2", help="smollm2, gemma, or a GGUF path")
     p.add_argument("--settings", default="unified,unified_itl,disaggregated")
     p.add_argument("--itl-target-ms", type=float, default=150.0)
     p.add_argument("--prefill", type=int, default=1)
     p.add_argument("--decode", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--requests", type=int, default=4, help="requests per client")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--min-words", type=int, default=300)
-    p.add_argument("--max-words", type=int, default=1200)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=26)
-    p.add_argument("--json", type=Path, default=None)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    load_arguments(p, concurrency=4, max_tokens=128, min_words=300, max_words=1200, seed=26)
+    args = p.parse_args(argv)
     settings = args.settings.split(",")
-    runs: list[dict[str, Any]] = []
-    for round_index in range(args.rounds):
-        order = settings if round_index % 2 == 0 else list(reversed(settings))
-        runs.extend(_run(setting, args) for setting in order)
+    runs = run_rounds(settings, args, lambda setting: _run(setting, args))
     rows = summarize(runs, settings)
-    print("\n" + markdown(rows))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"args": vars(args) | {"json": str(args.json)}, "settings": rows, "runs": runs}
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    return 1 if any(r["errors"] for r in rows) else 0
+    return report(args, rows, runs, markdown(rows))
 
 
 if __name__ == "__main__":

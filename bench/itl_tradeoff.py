@@ -99,19 +99,22 @@ def summarize_settings(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
     rows = []
     for target in sorted({r["itl_target_ms"] for r in runs}):
         levels = [r for r in runs if r["itl_target_ms"] == target]
-        rows.append(
-            {
-                "itl_target_ms": target,
-                "rounds": len(levels),
-                "errors": sum(lv["num_errors"] for lv in levels),
-                "output_tok_s": median_of(levels, "output_tok_s", None),
-                "ttft_p50_ms": 1000 * median_of(levels, "ttft_s", "p50"),
-                "ttft_p99_ms": 1000 * median_of(levels, "ttft_s", "p99"),
-                "itl_p50_ms": 1000 * median_of(levels, "itl_s", "p50"),
-                "itl_p99_ms": 1000 * median_of(levels, "itl_s", "p99"),
-            }
-        )
+        rows.append({"itl_target_ms": target} | latency_row(levels))
     return rows
+
+
+def latency_row(levels: list[dict[str, Any]]) -> dict[str, float]:
+    """One setting's rounds: errors, and the median over rounds of output tok/s, TTFT
+    and ITL p50/p99 (ms)."""
+    return {
+        "rounds": len(levels),
+        "errors": sum(lv["num_errors"] for lv in levels),
+        "output_tok_s": median_of(levels, "output_tok_s", None),
+        "ttft_p50_ms": 1000 * median_of(levels, "ttft_s", "p50"),
+        "ttft_p99_ms": 1000 * median_of(levels, "ttft_s", "p99"),
+        "itl_p50_ms": 1000 * median_of(levels, "itl_s", "p50"),
+        "itl_p99_ms": 1000 * median_of(levels, "itl_s", "p99"),
+    }
 
 
 def markdown(rows: list[dict[str, float]]) -> str:
@@ -130,36 +133,54 @@ def markdown(rows: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def load_arguments(p: argparse.ArgumentParser, **defaults: Any) -> argparse.ArgumentParser:
+    """The load and report options `run_setting` and `run_rounds` read (`defaults` set
+    concurrency, max_tokens, min_words, max_words, seed)."""
     p.add_argument("--model", default="smollm2", help="smollm2, gemma, or a GGUF path")
-    p.add_argument("--targets", default="0,300,150,75", help="itl_target_ms values, 0 = off")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=defaults.get("concurrency", 8))
     p.add_argument("--requests", type=int, default=4, help="requests per client")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--min-words", type=int, default=150)
-    p.add_argument("--max-words", type=int, default=400)
+    p.add_argument("--max-tokens", type=int, default=defaults.get("max_tokens", 64))
+    p.add_argument("--min-words", type=int, default=defaults.get("min_words", 150))
+    p.add_argument("--max-words", type=int, default=defaults.get("max_words", 400))
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=21)
+    p.add_argument("--seed", type=int, default=defaults.get("seed", 21))
     p.add_argument("--json", type=Path, default=None)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    targets = [float(t) for t in args.targets.split(",")]
+def run_rounds(
+    settings: list[Any], args: argparse.Namespace, run: Callable[[Any], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`run` each setting once per round, in alternated order (a drift of the machine then
+    hits every setting alike)."""
     runs: list[dict[str, Any]] = []
     for round_index in range(args.rounds):
-        order = targets if round_index % 2 == 0 else list(reversed(targets))
-        runs.extend(_run(target, args) for target in order)
-    rows = summarize_settings(runs)
-    print("\n" + markdown(rows))
+        order = settings if round_index % 2 == 0 else list(reversed(settings))
+        runs.extend(run(setting) for setting in order)
+    return runs
+
+
+def report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], runs: list[dict[str, Any]], table: str
+) -> int:
+    """Print the table, write the JSON report (--json); exit status 1 if any request failed."""
+    print("\n" + table)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"args": vars(args) | {"json": str(args.json)}, "settings": rows, "runs": runs}
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        body = {"args": vars(args) | {"json": str(args.json)}, "settings": rows, "runs": runs}
+        args.json.write_text(json.dumps(body, indent=2, default=str) + "\n", encoding="utf-8")
     return 1 if any(r["errors"] for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--targets", default="0,300,150,75", help="itl_target_ms values, 0 = off")
+    args = load_arguments(p).parse_args(argv)
+    targets = [float(t) for t in args.targets.split(",")]
+    runs = run_rounds(targets, args, lambda target: _run(target, args))
+    rows = summarize_settings(runs)
+    return report(args, rows, runs, markdown(rows))
 
 
 if __name__ == "__main__":
