@@ -238,3 +238,20 @@ def test_each_pool_scales_on_its_own(server) -> None:
     wait_until(lambda: len(stats(server)["workers"]) == 2, 60, "the removed worker to stop")
     bad = httpx.post(f"{server.url}/v1/admin/workers", json={"workers": 2, "role": "x"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["param"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="pinning two pools apart needs 2 CPUs")
+def test_each_pool_runs_on_the_cpus_it_is_pinned_to(tmp_path) -> None:
+    env = DISAGGREGATED | {
+        "INFERFLUX_SCHEDULER__DISAGGREGATED__PREFILL_CPUS": "0",
+        "INFERFLUX_SCHEDULER__DISAGGREGATED__DECODE_CPUS": "1",
+    }
+    proc = ServerProcess(env=env, log_path=tmp_path / "s.log")
+    try:
+        proc.wait_ready()
+        wait_until(lambda: all(w["ready"] for w in stats(proc)["workers"]), 120, "workers")
+        pinned = {w["role"]: os.sched_getaffinity(w["pid"]) for w in stats(proc)["workers"]}
+        assert pinned == {"prefill": {0}, "decode": {1}}
+        assert chat(proc.url, QUESTIONS[1]).status_code == 200
+    finally:
+        proc.close()
