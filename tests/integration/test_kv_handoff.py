@@ -9,6 +9,7 @@ flow is in test_disaggregated.py.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_a_ticket_that_does_not_match_is_refused_and_the_prompt_computed(
 def test_a_ticket_of_another_model_is_refused(
     cores, tokenizer, gemma3_model_path, tmp_path
 ) -> None:
-    gemma = make_core(gemma3_model_path, "prefill")
+    gemma = make_core(gemma3_model_path, role="prefill")
     try:
         prompt = chat_prompt(tokenizer, "Who wrote Hamlet?")
         # Gemma's vocabulary is larger: SmolLM2's ids are valid tokens there too
@@ -177,3 +178,31 @@ def test_a_recycled_larger_file_carries_a_shorter_ticket(cores, tokenizer, tmp_p
     decoded = run(cores["decode"], [request("s", short, kv_ticket=second)])["s"]
     expected = run(cores["unified"], [request("su", short)])["su"]
     assert tokens_of(decoded) == tokens_of(expected)
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path) -> Iterator[Path]:
+    """A 1 MB tmpfs (a container's small /dev/shm); skipped where mounting is not allowed."""
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_full_shared_memory_ends_without_a_ticket_not_with_a_crash(
+    cores, tokenizer, full_tmpfs
+) -> None:
+    prompt = chat_prompt(tokenizer, "Describe the sea in great detail. " * 8)  # ~2 MB of KV
+    path = full_tmpfs / "t"
+    (delta,) = run(cores["prefill"], [request("f", prompt, ticket_path=str(path))])["f"]
+    assert delta.finish_reason is FinishReason.HANDOFF and delta.ticket is None
+    assert not cores["prefill"].has_work()  # the worker lives on (a map write would SIGBUS)

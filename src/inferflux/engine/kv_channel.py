@@ -129,8 +129,10 @@ class KvChannelEnd:
         total = len(head) + size
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < total:
-                os.ftruncate(fd, total)
+            # NOTE: allocate before mapping. A write through a map into a full tmpfs is
+            # SIGBUS, which would kill the worker; fallocate says ENOSPC instead (a
+            # container's /dev/shm is 64 MB by default). A no-op on a recycled file.
+            os.posix_fallocate(fd, 0, total)
             with mmap.mmap(fd, total, flags=_MAP_FLAGS) as mapped:
                 mapped[: len(head)] = head
                 written = self.backend.save_seq_into(seq_id, mapped, len(head), size)
