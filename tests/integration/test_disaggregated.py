@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.integration.server_process import ServerProcess
+from tests.integration.test_resilience import stats, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
@@ -45,10 +45,6 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
         proc.close()
 
 
-def stats(server: ServerProcess) -> dict:
-    return httpx.get(f"{server.url}/server/stats", timeout=5).json()
-
-
 def worker(server: ServerProcess, role: str) -> dict:
     """The first worker of `role`'s pool (ids: the prefill pool first)."""
     workers = stats(server)["workers"]
@@ -62,15 +58,6 @@ def ticket_files(server: ServerProcess) -> list[str]:
     folders = glob.glob(f"/dev/shm/inferflux-kv-{server.process.pid}-*")
     assert len(folders) == 1, folders
     return [name for name in os.listdir(folders[0]) if not name.startswith("free")]
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def chat(url: str, content: str, **extra: object) -> httpx.Response:
