@@ -209,19 +209,15 @@ class WorkerPoolClient:
         if self._flow is not None:
             self._flow.slots.close()
 
-    async def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
-        self._check_backpressure()
-        stream = (
-            self._serve(request)
-            if self._flow is None
-            else self._flow.generate(request, self._serve)
-        )
-        async with contextlib.aclosing(stream) as deltas:
-            async for delta in deltas:
-                yield delta
+    def generate(self, request: AddRequest) -> AsyncIterator[RequestDelta]:
+        # NOTE: the stream itself, not a generator around it: one layer less per delta on
+        # the SSE path. Backpressure (QueueFull) is raised at the first iteration.
+        if self._flow is None:
+            return self._serve(request, check=True)
+        return self._flow.generate(request, self._serve, check=self._check_backpressure)
 
     async def _serve(
-        self, request: AddRequest, ticket: KvTicket | None = None
+        self, request: AddRequest, ticket: KvTicket | None = None, *, check: bool = False
     ) -> AsyncGenerator[RequestDelta, None]:
         """Stream `request` from a worker clients stream from (hydrating `ticket` there
         first, in disaggregated mode).
@@ -229,7 +225,10 @@ class WorkerPoolClient:
         NOTE: a worker can die before the watchdog notices; a request it had not produced
         anything for yet is resubmitted to another ready worker (spec REQ 9.4), without its
         ticket (that worker may have consumed it: the prompt is computed). One that
-        already streamed output fails: its sampling state died with the worker."""
+        already streamed output fails: its sampling state died with the worker. `check`:
+        apply backpressure first (a request's first stream)."""
+        if check:
+            self._check_backpressure()
         for attempt in range(MAX_RESUBMITS + 1):
             sent = request
             if ticket is not None and attempt == 0:

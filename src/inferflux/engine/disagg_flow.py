@@ -83,10 +83,13 @@ class DisaggregatedFlow:
         self._waiting: dict[str, asyncio.Event] = {}
 
     async def generate(
-        self, request: AddRequest, serve: Serve
+        self, request: AddRequest, serve: Serve, check: Callable[[], None] | None = None
     ) -> AsyncGenerator[RequestDelta, None]:
         """`request`'s deltas: prefilled by the prefill pool when it qualifies, then
-        streamed by a decode worker (`serve`, which resubmits if that worker dies)."""
+        streamed by a decode worker (`serve`, which resubmits if that worker dies).
+        `check` runs first (the client's backpressure: it raises QueueFull)."""
+        if check is not None:
+            check()
         try:
             path = await self._reserve(request)
         except _AbortedWaiting:

@@ -125,7 +125,7 @@ class KvChannelEnd:
             created_at=time.time(),
         )
         size = self.backend.seq_state_size(seq_id)
-        head = ticket_head(header, size)
+        head = ticket_head(header)
         total = len(head) + size
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -94,15 +94,14 @@ def decode_blob(data: bytes | memoryview, *, model_id: str, layout: Layout) -> K
     return KvBlob(header=header, payload=bytes(payload))
 
 
-def ticket_head(header: BlobHeader, payload_size: int) -> bytes:
-    """The leading bytes of a hand-off ticket (engine/kv_channel.py) whose `payload_size`
-    bytes of sequence state llama.cpp writes right after them, in shared memory.
+def ticket_head(header: BlobHeader) -> bytes:
+    """The leading bytes of a hand-off ticket (engine/kv_channel.py): llama.cpp writes the
+    sequence state right after them, in shared memory.
 
     NOTE: a ticket's crc32 field is 0: it is never checked. The bytes go from one process's
     memory to another's through tmpfs on one node (no disk, no network to corrupt them),
     and a crc over a 4k-token sequence (~90 MB) costs more than the whole hand-off. The
     fingerprint (model, layout, tokens) is checked as for any blob (`check_ticket`)."""
-    del payload_size  # the payload's length is the file's rest
     head = msgspec.msgpack.encode(header)
     return _PREFIX.pack(MAGIC, VERSION, len(head), 0) + head
 
