@@ -49,7 +49,7 @@ def ttft_ratio(ours: Row, other: Row | None) -> float | None:
 
 
 def _ratio_cell(rows: list[Row], row: Row, other: str) -> str:
-    if row["server"] != "inferflux":
+    if not row["server"].startswith("inferflux"):
         return ""
     match = find(rows, other, row["workload"], row["concurrency"])
     tok, ttft = tok_ratio(row, match), ttft_ratio(row, match)

@@ -39,10 +39,19 @@ _ORDER = {name: i for i, name in enumerate((*SERVERS, "engine"))}
 _WORKLOADS = {"chat": 0, "completions": 1, "agent": 2}
 
 
-def _names(choices: tuple[str, ...]) -> Any:  # Any: an argparse type
+def _rank(server: str) -> tuple[int, str]:
+    """Variants (inferflux-NAME) right after inferflux."""
+    if server.startswith("inferflux-"):
+        return _ORDER["inferflux"], server
+    return _ORDER.get(server, len(_ORDER)), ""
+
+
+def _names(choices: tuple[str, ...], variants: bool = False) -> Any:  # Any: argparse type
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in choices]
+        unknown = [
+            n for n in names if n not in choices and not (variants and n.startswith("inferflux-"))
+        ]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}: {text!r}")
         return names
@@ -53,7 +62,20 @@ def _names(choices: tuple[str, ...]) -> Any:  # Any: an argparse type
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="InferFlux vs llama-server vs llama-cpp-python")
     p.add_argument("--models", type=_names(MODELS), default=list(MODELS))
-    p.add_argument("--servers", type=_names((*SERVERS, "engine")), default=[*SERVERS, "engine"])
+    p.add_argument(
+        "--servers",
+        type=_names((*SERVERS, "engine"), variants=True),
+        default=[*SERVERS, "engine"],
+        help="also inferflux-NAME for each --variant NAME",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+        help="the server inferflux-NAME: inferflux with these environment variables "
+        "(e.g. stallfree:INFERFLUX_SCHEDULER__ITL_TARGET_RATIO=2)",
+    )
     p.add_argument("--levels", type=parse_levels, default=[1, 4, 8, 16, 32])
     p.add_argument(
         "--endpoints", type=_names(("chat", "completions")), default=["chat", "completions"]
@@ -101,8 +123,25 @@ def _log(row: dict[str, Any]) -> None:
     )
 
 
+def variant_envs(specs: list[str]) -> dict[str, dict[str, str]]:
+    """`--variant NAME:ENV=VALUE,...` → {"inferflux-NAME": {ENV: VALUE, ...}}."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        name, _, pairs = spec.partition(":")
+        env = dict(pair.split("=", 1) for pair in pairs.split(",") if "=" in pair)
+        if not name or not env:
+            raise SystemExit(f"--variant NAME:ENV=VALUE[,ENV=VALUE]: {spec!r}")
+        out[f"inferflux-{name}"] = env
+    return out
+
+
 def _serve(name: str, tools: Toolchain, model: Model, parallel: int, args: Any, tag: str) -> Any:
-    server = make_server(name, tools, model, args.port, parallel, args.threads)
+    env = variant_envs(args.variant).get(name)
+    server = make_server(
+        "inferflux" if env else name, tools, model, args.port, parallel, args.threads
+    )
+    if env:
+        server = dataclasses.replace(server, name=name, env={**server.env, **env})
     return server, running(server, args.port, LOGS / f"{model.key}-{name}-{tag}.log")
 
 
@@ -151,7 +190,7 @@ def run_model(model: Model, tools: Toolchain, args: Any) -> list[dict[str, Any]]
     rows = [row for level in args.levels for row in _level_rows(model, tools, args, plan, level)]
     if not args.no_agent:
         rows += _agent_rows(model, tools, args, plan)
-    rows.sort(key=lambda r: (_WORKLOADS[r["workload"]], r["concurrency"], _ORDER[r["server"]]))
+    rows.sort(key=lambda r: (_WORKLOADS[r["workload"]], r["concurrency"], _rank(r["server"])))
     return rows
 
 
@@ -210,11 +249,10 @@ def merged(paths: list[Path]) -> dict[str, Any]:
         for key, entry in result["models"].items():
             into = out["models"].setdefault(key, {"model": entry["model"], "rows": []})
             into["rows"].extend(entry["rows"])
-    order = [*SERVERS, "engine"]
     for entry in out["models"].values():
         entry["rows"].sort(
             key=lambda r: (r["workload"] == "agent", r["workload"], r["concurrency"] or 0,
-                           order.index(r["server"]) if r["server"] in order else len(order))
+                           _rank(r["server"]))
         )  # fmt: skip
     return out
 
@@ -235,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         _write(merged(args.merge), args)
         return 0
+    variants = variant_envs(args.variant)
+    missing = [s for s in args.servers if s.startswith("inferflux-") and s not in variants]
+    if missing:
+        raise SystemExit(f"no --variant for {', '.join(missing)}")
     tools, tool_info = _tools(args.servers)
     result: dict[str, Any] = {
         "meta": {

@@ -281,3 +281,43 @@ def test_logprobs_of_sampled_tokens_and_of_the_prompt(
     )
     assert all(s is not None and s.logprob <= 0 and len(s.top) == 2 for s in scored[1:])
     assert deltas[-1].num_cached_tokens == 0  # prompt logprobs bypass the cache
+
+
+def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_streams(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """Stall-free steps on the real engine: with `itl_target_ratio` 2 a 200-token prompt
+    arriving beside three streams is computed over several steps of a few dozen tokens
+    (uncapped it takes one step), and its answer is the uncapped one, token for token."""
+    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+    runs: dict[float, tuple[list[int], list[int]]] = {}
+    for ratio in (0.0, 2.0):
+        engine = make_core(smollm2_model_path, cache_slots=0, itl_target_ratio=ratio)
+        steps: list[tuple[int, int]] = []
+        observe = engine.scheduler.observe_step
+
+        def record(
+            decoding: int, tokens: int, seconds: float, observe=observe, steps=steps
+        ) -> None:
+            steps.append((decoding, tokens))
+            observe(decoding, tokens, seconds)
+
+        engine.scheduler.observe_step = record  # type: ignore[method-assign]
+        try:
+            for i in range(3):
+                submit(engine, tokenizer, f"s{i}", chat(f"Count to {20 + i}."), max_tokens=48,
+                       ignore_eos=True)  # fmt: skip
+            for _ in range(4):  # the three are decoding now
+                engine.step()
+            steps.clear()
+            prompt = submit(engine, tokenizer, "long", long_text, max_tokens=12)
+            out = tokens(drain(engine)["long"])
+        finally:
+            engine.close()
+        beside = [t for d, t in steps if d >= 3 and t > 0]  # prompt tokens in shared steps
+        assert sum(beside) >= len(prompt) - 1
+        runs[ratio] = (beside, out)
+    uncapped, capped = runs[0.0][0], runs[2.0][0]
+    assert max(uncapped) >= len(prompt) - 1  # one step took the whole prompt
+    assert len(capped) >= 3 and max(capped) < len(prompt) // 2
+    assert runs[2.0][1] == runs[0.0][1]  # the same answer

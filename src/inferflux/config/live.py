@@ -28,6 +28,7 @@ LIVE_KEYS: frozenset[str] = frozenset(
         "scheduler.aging_s",
         "scheduler.batch_window_ms",
         "scheduler.itl_target_ms",
+        "scheduler.itl_target_ratio",
         "scheduler.memory_low_mb",
         "scheduler.stream_interval",
         "scheduler.embed_tokens_per_step",

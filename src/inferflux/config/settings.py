@@ -405,6 +405,24 @@ class SchedulerSettings(_Section):
         "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
         "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
     )
+    itl_target_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="The stall-free target relative to the load: a step that carries "
+        "prompt tokens may take at most this many times the expected time of its decode "
+        "rows alone (2 = a stream's token at most twice as slow as without admissions). "
+        "It scales with the number of decoding sequences, where itl_target_ms is fixed; "
+        "with both set the larger target applies. 0 = off; else at least 1.",
+    )
+
+    @field_validator("itl_target_ratio")
+    @classmethod
+    def _ratio_off_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("itl_target_ratio is 0 (off) or at least 1")
+        return value
+
     memory_low_mb: int = Field(
         256,
         ge=0,

@@ -13,12 +13,13 @@ token each, first, so inter-token latency stays flat), then prompts still being
 prefilled get chunks, then waiting requests are admitted while a sequence slot, budget
 and KV cells remain. A request's computed-token count catches up with its length.
 
-Stall-free steps. With `itl_target_s` set and sequences decoding, the prompt tokens of a
-step are capped so that its expected time (`StepCostModel`, learned from every step) stays
-under the target: a long prompt is prefilled over several short steps instead of freezing
-every stream for one long step (Sarathi-Serve's stall-free batching). Prompts still
-progress by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt
-takes the whole budget.
+Stall-free steps. With `itl_target_s` (or `itl_target_ratio`, a multiple of the step's
+decode rows alone) set and sequences decoding, the prompt tokens of a step are capped so
+that its expected time (`StepCostModel`, learned from every step) stays under the
+target: a long prompt is prefilled over several short steps instead of freezing every
+stream for one long step (Sarathi-Serve's stall-free batching). Prompts still progress
+by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt takes
+the whole budget.
 
 High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
 has left after the decodes. While one is being prefilled, or waits at the head of its
@@ -76,6 +77,12 @@ from inferflux.scheduler.step_cost import StepCostModel
 _MIN_RUN_TOKENS = 16  # a resumed request runs this long before it can be preempted again
 # Under an ITL target, prompts still progress by at least this many tokens a step.
 _MIN_PROMPT_CHUNK = 16
+# Under an ITL target a step still carries 1/_DRAIN_STEPS of the prompt backlog. A cap
+# below the rate prompts arrive at grows the queue until fewer sequences decode (SmolLM2,
+# 32 streams of 220-token prompts and 128-token answers: prompts are half the work, and a
+# 2× ratio alone gave TTFT p50 18.6 s against 2.2 s uncapped, at 0.73× the tok/s). 8 steps
+# drained too fast (ITL p99 282 ms at 8 streams), 32 kept it at 121 ms (engine, measured).
+_DRAIN_STEPS = 32
 _TIMEOUT_SCAN_S = 0.1
 
 
@@ -92,6 +99,9 @@ class SchedulingPolicy:
     # > 0: while sequences decode, a step carries only the prompt tokens that keep its
     # expected time under this (stall-free batching); 0 = the whole token budget.
     itl_target_s: float = 0.0
+    # > 0: the same cap, relative: a step may take at most this many times the expected
+    # time of its decode rows alone; the larger of the two targets applies.
+    itl_target_ratio: float = 0.0
     # Host memory below this many bytes = memory pressure: half the admissions and step
     # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
     memory_low_bytes: int = 256 * 1024 * 1024
@@ -269,7 +279,7 @@ class Scheduler:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
         allowance = _PromptAllowance(
-            budget, self._prompt_share(len(chunks)), self._high_first(prefilling)
+            budget, self._prompt_share(len(chunks), prefilling), self._high_first(prefilling)
         )
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
@@ -317,15 +327,36 @@ class Scheduler:
         queue = self.queues[PriorityClass.HIGH]
         return bool(queue) and self._can_admit(queue[0])
 
-    def _prompt_share(self, decoding: int) -> int:
+    def _prompt_share(self, decoding: int, prefilling: list[Request]) -> int:
         """Prompt tokens this step may carry: under an ITL target with sequences decoding,
-        what keeps the step's expected time under the target (at least
-        `_MIN_PROMPT_CHUNK`); else the whole budget."""
-        target_s = self.policy.itl_target_s
+        what keeps the step's expected time under the target, but at least
+        `_MIN_PROMPT_CHUNK` and at least the prompt backlog's `1 / _DRAIN_STEPS`; else
+        the whole budget. The target is the larger of `itl_target_s` and
+        `itl_target_ratio` × the decode rows' expected time."""
+        policy = self.policy
+        target_s = policy.itl_target_s
+        if policy.itl_target_ratio > 0 and decoding:
+            decode_s = self.step_cost.predict_s(decoding, 0)
+            target_s = max(target_s, policy.itl_target_ratio * decode_s)
         if target_s <= 0 or decoding == 0:
             return self.max_batch_tokens
         budget = self.step_cost.prompt_budget(decoding, target_s)
+        if budget < self.max_batch_tokens:
+            budget = max(budget, -(-self._prompt_backlog(prefilling) // _DRAIN_STEPS))
         return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
+
+    def _prompt_backlog(self, prefilling: list[Request]) -> int:
+        """Prompt tokens still to compute: of the prompts being prefilled, and of the
+        waiting requests that have a free slot to go to."""
+        backlog = sum(r.num_prompt_tokens - r.num_computed_tokens for r in prefilling)
+        room = len(self._free_seq_ids)
+        for queue in self.queues.values():
+            for request in queue:
+                if room <= 0:
+                    return backlog
+                backlog += request.num_prompt_tokens
+                room -= 1
+        return backlog
 
     # -- admission -----------------------------------------------------------------
     def _rank(self, request: Request, now: float) -> tuple[int, float]:

@@ -23,6 +23,7 @@ def test_every_live_key_is_a_setting_and_changes_alone() -> None:
         "scheduler.aging_s": 0.5,
         "scheduler.batch_window_ms": 3.0,
         "scheduler.itl_target_ms": 150.0,
+        "scheduler.itl_target_ratio": 2.0,
         "scheduler.memory_low_mb": 512,
         "scheduler.stream_interval": 4,
         "scheduler.embed_tokens_per_step": 16,
@@ -104,6 +105,7 @@ def test_a_live_key_beside_a_restart_only_key_changes_nothing() -> None:
         ({"observability": {"tenant_logging": {"bad name!": {}}}}, None),
         ({"scheduler": 3}, "scheduler"),
         ({"scheduler": {"mode": "split"}}, "scheduler.mode"),
+        ({"scheduler": {"itl_target_ratio": 0.5}}, "scheduler.itl_target_ratio"),
         (
             {"scheduler": {"disaggregated": {"channel_capacity": 0}}},
             "scheduler.disaggregated.channel_capacity",

@@ -17,15 +17,17 @@ from tests.unit.scheduler.test_scheduler import complete, make_request
 
 
 def test_the_fit_recovers_a_machines_step_costs_from_mixed_steps() -> None:
-    truth = (0.012, 0.004, 0.0018)  # intercept, per decoding sequence, per prompt token
+    # intercept, per decoding sequence, per prompt token, per step that carries a prompt
+    truth = (0.012, 0.004, 0.0018, 0.008)
     model = StepCostModel()
     rng = random.Random(7)
     for _ in range(300):
         decoding, tokens = rng.randint(0, 16), rng.choice([0, 0, 16, 64, 256, 512])
-        noise = rng.gauss(0, 0.002)
-        model.observe(decoding, tokens, truth[0] + truth[1] * decoding + truth[2] * tokens + noise)
+        cost = truth[0] + truth[1] * decoding + truth[2] * tokens + (truth[3] if tokens else 0)
+        model.observe(decoding, tokens, cost + rng.gauss(0, 0.002))
     assert model.theta == pytest.approx(truth, rel=0.15)
-    assert model.predict_s(8, 100) == pytest.approx(0.012 + 0.032 + 0.18, rel=0.05)
+    assert model.predict_s(8, 100) == pytest.approx(0.012 + 0.032 + 0.18 + 0.008, rel=0.05)
+    assert model.predict_s(8, 0) == pytest.approx(0.012 + 0.032, rel=0.05)
 
 
 def test_the_fit_follows_a_host_that_gets_slower() -> None:
@@ -42,7 +44,7 @@ def test_the_fit_follows_a_host_that_gets_slower() -> None:
 def test_the_prompt_budget_never_predicts_a_step_over_the_target(
     decoding: int, target_s: float
 ) -> None:
-    model = StepCostModel(theta=[0.01, 0.003, 0.002])
+    model = StepCostModel(theta=[0.01, 0.003, 0.002, 0.004])
     budget = model.prompt_budget(decoding, target_s)
     assert budget >= 0
     if budget > 0:
@@ -50,16 +52,18 @@ def test_the_prompt_budget_never_predicts_a_step_over_the_target(
         assert model.predict_s(decoding, budget + 1) > target_s - 1e-9  # the largest such
 
 
-def _decoding_scheduler(itl_target_s: float, n_decoding: int = 4) -> Scheduler:
+def _decoding_scheduler(
+    itl_target_s: float, n_decoding: int = 4, itl_target_ratio: float = 0.0
+) -> Scheduler:
     """Four sequences past their prompts, a known cost model: 10 ms + 5 ms per decoding
     sequence + 1 ms per prompt token."""
     sched = Scheduler(
-        max_num_seqs=8,
+        max_num_seqs=40,
         max_batch_tokens=512,
         kv_capacity=None,
-        policy=SchedulingPolicy(itl_target_s=itl_target_s),
+        policy=SchedulingPolicy(itl_target_s=itl_target_s, itl_target_ratio=itl_target_ratio),
     )
-    sched.step_cost = StepCostModel(theta=[0.010, 0.005, 0.001])
+    sched.step_cost = StepCostModel(theta=[0.010, 0.005, 0.001, 0.0])
     for i in range(n_decoding):
         sched.add(make_request(f"d{i}", 4, max_tokens=100))
     complete(sched.schedule())
@@ -169,9 +173,45 @@ def test_a_high_prompt_that_cannot_be_admitted_does_not_stop_the_others() -> Non
 
 def test_prompts_still_progress_when_decoding_alone_exceeds_the_target() -> None:
     sched = _decoding_scheduler(0.020)  # 10 ms + 4 × 5 ms = 30 ms > 20 ms
-    sched.add(make_request("long", 2000))
+    sched.add(make_request("long", 500))
     out = sched.schedule()
     assert len(out.chunks[4].token_ids) == 16
+
+
+def test_a_prompt_backlog_is_drained_in_32_steps_whatever_the_target() -> None:
+    sched = _decoding_scheduler(0.020)  # the target alone would allow 16 tokens a step
+    sched.add(make_request("a", 1500))
+    sched.add(make_request("b", 1700))  # 3,200 tokens waiting: 100 a step
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("a", 100)]
+    complete(out)
+    out = sched.schedule()  # 3,100 left: 97 a step
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("a", 97)]
+
+
+@pytest.mark.parametrize(
+    ("n_decoding", "expected"),
+    [
+        (4, 30),  # 2 × (10 + 4 × 5) ms = 60 ms: 30 ms of prompt
+        (32, 170),  # 2 × (10 + 32 × 5) ms = 340 ms: 170 ms of prompt
+    ],
+)
+def test_a_ratio_target_scales_the_prompt_share_with_the_decode_rows(
+    n_decoding: int, expected: int
+) -> None:
+    sched = _decoding_scheduler(0.0, n_decoding=n_decoding, itl_target_ratio=2.0)
+    sched.add(make_request("long", 500))  # a backlog under 32 × the share
+    out = sched.schedule()
+    assert [len(c.token_ids) for c in out.chunks[n_decoding:]] == [expected]
+
+
+def test_with_both_targets_the_larger_applies() -> None:
+    sched = _decoding_scheduler(0.150, itl_target_ratio=2.0)  # 150 ms > 2 × 30 ms
+    sched.add(make_request("long", 2000))
+    assert len(sched.schedule().chunks[4].token_ids) == 120
+    sched = _decoding_scheduler(0.040, n_decoding=32, itl_target_ratio=2.0)  # 340 ms > 40
+    sched.add(make_request("long", 2000))
+    assert len(sched.schedule().chunks[32].token_ids) == 170
 
 
 def test_with_nothing_decoding_a_prompt_takes_the_whole_budget() -> None:
