@@ -203,3 +203,30 @@ def test_merge_joins_runs_into_one_report_with_ratios_across_them(tmp_path):
     assert order[-1][0] == "agent"
     # the ≥ 2× llama-cpp-python target now sees both runs: 150 / 40
     assert "3.75×" in report.targets(got, MODEL)
+
+
+def test_a_variant_is_inferflux_with_its_environment_and_gets_ratios():
+    runner = importlib.import_module("compare.runner")
+    envs = runner.variant_envs(["r2:INFERFLUX_SCHEDULER__ITL_TARGET_RATIO=2,A=b"])
+    assert envs == {"inferflux-r2": {"INFERFLUX_SCHEDULER__ITL_TARGET_RATIO": "2", "A": "b"}}
+    with pytest.raises(SystemExit):
+        runner.variant_envs(["r2"])
+    rows = [_row("inferflux-r2", "chat", 8, 90.0, 1.0), _row("llama-server", "chat", 8, 100.0, 2.0)]
+    assert "0.90× · TTFT 0.50×" in report.table(rows)
+
+
+def test_the_tradeoff_table_checks_every_pass_against_llama_server():
+    tradeoff = importlib.import_module("compare.tradeoff")
+
+    def result(ours_tok_s, ours_itl_s):
+        ours = _row("inferflux-r2", "chat", 8, ours_tok_s, 1.0)
+        ours["itl_s"] = {"p99": ours_itl_s}
+        base = _row("llama-server", "chat", 8, 100.0, 2.0)
+        base["itl_s"] = {"p99": 0.1}
+        return {"models": {"smollm2": {"rows": [ours, base]}}}
+
+    text = tradeoff.table([result(101.0, 0.15), result(99.0, 0.25)])
+    line = next(t for t in text.splitlines() if "inferflux-r2" in t)
+    assert "| 1.01 / 0.99 |" in line and "| 1.50 / 2.50 |" in line
+    assert line.endswith("missed: tok/s, ITL |")  # the second pass misses both
+    assert "all met" in tradeoff.table([result(101.0, 0.15)])
