@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from inferflux.api.generation import Usage
 from inferflux.api.sse import sse_data
+
+_encoder = msgspec.json.Encoder()
 
 
 def usage_body(usage: Usage) -> dict[str, object]:
@@ -51,6 +55,13 @@ class ChunkEnvelope:
         self.response_object, self.chunk_object = object_names
         self.include_usage = include_usage
         self.created = int(time.time())
+        # NOTE: one chunk per streamed token; the fields before `choices` (and after it)
+        # never change within a response, so they are encoded once and only the choices
+        # are encoded per chunk (the bytes are those of `sse_data(body(...))`).
+        head = self.body([], self.chunk_object)
+        del head["choices"]
+        self._chunk_prefix = b"data: " + _encoder.encode(head)[:-1] + b',"choices":'
+        self._chunk_suffix = b',"usage":null}\n\n' if include_usage else b"}\n\n"
 
     def body(self, choices: list[dict[str, object]], object_name: str) -> dict[str, object]:
         return {
@@ -64,10 +75,7 @@ class ChunkEnvelope:
 
     def chunk(self, choices: list[dict[str, object]]) -> bytes:
         """One SSE event; `usage: null` when the client asked for a usage chunk at the end."""
-        event = self.body(choices, self.chunk_object)
-        if self.include_usage:
-            event["usage"] = None
-        return sse_data(event)
+        return self._chunk_prefix + _encoder.encode(choices) + self._chunk_suffix
 
     def usage(self, usage: Usage) -> bytes:
         """The final usage event: empty choices (OpenAI's `stream_options.include_usage`)."""
