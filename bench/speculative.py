@@ -21,7 +21,9 @@ Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflu
 build lists (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and
 `llama-server-draft` (draft-simple with the model as its own draft: the only pair that
 exists here; it shows the mechanism's cost, not a real draft's gain). Each server is
-started once per model with 8 sequences. Results: bench/results/speculative.{json,md}.
+started once per model with 8 sequences. `--variant NAME:ENV=VALUE[,…]` adds a config
+`inferflux-NAME`: speculation on plus those settings, e.g. `--variant
+k32:INFERFLUX_SPEC_CHUNK_SIZE=32`. Results: bench/results/speculative.{json,md}.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import httpx
 
 from compare import toolchain
 from compare.models import MODELS, load_model
+from compare.runner import variant_envs
 from compare.servers import Model, Server, Toolchain, make_server, running
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,11 +98,19 @@ def _prompts(workload: str) -> list[str]:
     return list(_QUESTIONS)
 
 
-def _server(config: str, tools: Toolchain, model: Model, port: int, draft: str | None) -> Server:
+def _server(
+    config: str,
+    tools: Toolchain,
+    model: Model,
+    port: int,
+    draft: str | None,
+    variants: dict[str, dict[str, str]] | None = None,
+) -> Server:
     if config.startswith("inferflux"):
         base = make_server("inferflux", tools, model, port, PARALLEL)
         env = dict(base.env)
         env["INFERFLUX_SPECULATIVE_ENABLED"] = "false" if config == "inferflux-off" else "true"
+        env.update((variants or {}).get(config, {}))  # --variant: speculation on, plus these
         if config == "inferflux-on-wide":
             env["INFERFLUX_RUNTIME__SPECULATIVE_DECODING__MAX_BATCH"] = "16"
         if config == "inferflux-on-cheap":  # the goodput gate told rows cost a GPU's little
@@ -178,7 +189,7 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[dict[str, Any]]:
     for config in args.configs:
         if config.startswith("llama-server") and not tools.llama_server:
             continue
-        server = _server(config, tools, model, args.port, args.draft_model)
+        server = _server(config, tools, model, args.port, args.draft_model, args.variants)
         with running(server, args.port, LOGS / f"speculative-{key}-{config}.log") as live:
             for workload in args.workloads:
                 for c in args.levels:
@@ -230,13 +241,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=18431)
     p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument("--out", default=str(RESULTS / "speculative"))
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+        help="also run inferflux-NAME: speculation on with these env settings (repeatable)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.variants = variant_envs(args.variant)
     args.configs = [c for c in args.configs.split(",") if c]
-    unknown = set(args.configs) - set(CONFIGS)
+    args.configs += [v for v in args.variants if v not in args.configs]
+    unknown = set(args.configs) - set(CONFIGS) - set(args.variants)
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(CONFIGS)}")
     args.workloads = [w for w in args.workloads.split(",") if w]

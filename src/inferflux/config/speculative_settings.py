@@ -39,7 +39,7 @@ class SpeculativeSettings(BaseModel):
         return self
 
     max_draft_tokens: int = Field(
-        12,
+        32,
         ge=1,
         le=64,
         description="Longest draft verified in one step (tokens); each draft is as long as "

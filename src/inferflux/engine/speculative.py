@@ -281,7 +281,10 @@ def best_draft_length(
 class SpecConfig:
     """The engine-side speculative settings (config: runtime.speculative_decoding)."""
 
-    max_draft_tokens: int = 12
+    # 32: Gemma 3 copy-heavy work at c = 1 went from 1.48-1.51× to 1.68-1.85× speculation
+    # off with 32 instead of 12 (24 and 48 measured the same as 32); the goodput gate
+    # still picks each draft's length, so free chat drafts no more (BENCHMARKS.md).
+    max_draft_tokens: int = 32
     max_prefill: int = 0  # prompts longer than this never speculate; 0 = no limit
     min_acceptance: float = 0.5
     max_batch: int = 4  # no speculation when this many sequences decode together
@@ -381,19 +384,28 @@ class NgramProposer:
                 found.append((self.prior.rate(length), request.request_id, draft, length))
         return found
 
-    def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
+    def propose(
+        self, requests: list[Request], budget: int, max_cost: float = 0.0
+    ) -> dict[RequestId, list[int]]:
         """Drafts for some of `requests` (the ones decoding this step), at most `budget`
-        tokens in all. The caller caps each to its KV."""
+        tokens in all; with `max_cost` > 0, only as many rows as keep the step's cost
+        within `max_cost` times that of its decode rows alone (the stall-free ITL
+        target). The caller caps each to its KV."""
         if len(requests) >= self.config.max_batch or budget <= 0:
             return {}
+        cost = self.config.step_cost
         rows, tokens = len(requests), float(len(requests))
+        ceiling = max_cost * cost(rows) if max_cost > 0 else float("inf")
         drafts: dict[RequestId, list[int]] = {}
         for rate, request_id, draft, length in self._candidates(requests):
-            k, gain = best_draft_length(
-                rate, min(len(draft), budget), rows, tokens, self.config.step_cost
-            )
+            room = min(len(draft), budget)
+            while room > 0 and cost(rows + room) > ceiling:
+                room -= 1
+            if room == 0:
+                continue
+            k, gain = best_draft_length(rate, room, rows, tokens, cost)
             if k == 0 and length > 0 and self.prior.explore(length):
-                k = min(len(draft), budget, self.prior.explore_tokens)
+                k = min(room, self.prior.explore_tokens)
                 gain = expected_gain(rate, k)
             if k == 0:
                 continue

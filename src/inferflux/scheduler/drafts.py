@@ -20,8 +20,12 @@ from inferflux.scheduler.request import Request, RequestId, ScheduledChunk
 class DraftProposer(Protocol):
     """Proposes draft tokens for decoding requests (engine/speculative.py)."""
 
-    def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
-        """Up to `budget` tokens in all, for some of `requests` (may mutate own state)."""
+    def propose(
+        self, requests: list[Request], budget: int, max_cost: float = 0.0
+    ) -> dict[RequestId, list[int]]:
+        """Up to `budget` tokens in all, for some of `requests` (may mutate own state);
+        with `max_cost` > 0, no more rows than keep the step within `max_cost` times the
+        cost of its decode rows alone."""
         ...
 
 
@@ -35,15 +39,18 @@ def _decoding(chunk: ScheduledChunk) -> bool:
     )
 
 
-def attach_drafts(chunks: list[ScheduledChunk], proposer: DraftProposer, budget: int) -> int:
+def attach_drafts(
+    chunks: list[ScheduledChunk], proposer: DraftProposer, budget: int, max_cost: float = 0.0
+) -> int:
     """Replace decoding chunks of `chunks` (in place) by drafted ones; returns the budget
     left. Each draft is capped so the request can still emit every drafted token plus
     the one sampled after them (`max_tokens - len(output) - 1`), which also keeps its KV
-    positions inside its reservation."""
+    positions inside its reservation. `max_cost` > 0: the step's cost bound relative to
+    its decode rows alone (`DraftProposer.propose`)."""
     decoding = [i for i, c in enumerate(chunks) if _decoding(c)]
     if not decoding or budget <= 0:
         return budget
-    drafts = proposer.propose([chunks[i].request for i in decoding], budget)
+    drafts = proposer.propose([chunks[i].request for i in decoding], budget, max_cost)
     for i in decoding:
         request = chunks[i].request
         draft = drafts.get(request.request_id)

@@ -278,13 +278,16 @@ class Scheduler:
             elif budget > 0:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
+        decoding = len(chunks)
         allowance = _PromptAllowance(
-            budget, self._prompt_share(len(chunks), prefilling), self._high_first(prefilling)
+            budget, self._prompt_share(decoding, prefilling), self._high_first(prefilling)
         )
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
         if self.draft_proposer is not None:
-            budget = attach_drafts(chunks, self.draft_proposer, budget)
+            budget = attach_drafts(
+                chunks, self.draft_proposer, budget, self._draft_cost_bound(decoding, allowance)
+            )
         return SchedulerOutput(
             chunks=chunks,
             num_tokens=self.max_batch_tokens - budget,
@@ -333,17 +336,37 @@ class Scheduler:
         `_MIN_PROMPT_CHUNK` and at least the prompt backlog's `1 / _DRAIN_STEPS`; else
         the whole budget. The target is the larger of `itl_target_s` and
         `itl_target_ratio` × the decode rows' expected time."""
-        policy = self.policy
-        target_s = policy.itl_target_s
-        if policy.itl_target_ratio > 0 and decoding:
-            decode_s = self.step_cost.predict_s(decoding, 0)
-            target_s = max(target_s, policy.itl_target_ratio * decode_s)
+        target_s = self._step_target_s(decoding)
         if target_s <= 0 or decoding == 0:
             return self.max_batch_tokens
         budget = self.step_cost.prompt_budget(decoding, target_s)
         if budget < self.max_batch_tokens:
             budget = max(budget, -(-self._prompt_backlog(prefilling) // _DRAIN_STEPS))
         return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
+
+    def _step_target_s(self, decoding: int) -> float:
+        """The stall-free target for a step with `decoding` sequences (0 = none): the
+        larger of `itl_target_s` and `itl_target_ratio` × the decode rows' expected time."""
+        policy = self.policy
+        target_s = policy.itl_target_s
+        if policy.itl_target_ratio > 0 and decoding:
+            decode_s = self.step_cost.predict_s(decoding, 0)
+            target_s = max(target_s, policy.itl_target_ratio * decode_s)
+        return target_s
+
+    def _draft_cost_bound(self, decoding: int, allowance: _PromptAllowance) -> float:
+        """Under a stall-free target, how many times the cost of its decode rows alone a
+        step may reach with its drafts (1: none, when prompt tokens already use the
+        step's time); else 0 (no bound). A verification step makes the streams' next
+        token wait just as a prompt chunk does: at c = 1 a 12-token draft of SmolLM2
+        takes about 7 one-row steps, the stream's ITL p99."""
+        target_s = self._step_target_s(decoding)
+        decode_s = self.step_cost.predict_s(decoding, 0)
+        if target_s <= 0 or decoding == 0 or decode_s <= 0:
+            return 0.0
+        if allowance.taken:
+            return 1.0
+        return max(1.0, target_s / decode_s)
 
     def _prompt_backlog(self, prefilling: list[Request]) -> int:
         """Prompt tokens still to compute: of the prompts being prefilled, and of the

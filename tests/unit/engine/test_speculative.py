@@ -202,3 +202,16 @@ def test_exploration_drafts_a_few_tokens_of_a_turned_down_match() -> None:
     proposer.register(r, enabled=True)
     assert proposer.propose([r], 100) == {}
     assert proposer.propose([r], 100) == {RequestId("r"): [4, 5]}
+
+
+def test_a_stall_free_bound_shortens_drafts_to_the_step_cost_it_allows() -> None:
+    # rows cost 1 + 1.0 + 0.5 × (n - 2) one-row steps: 3× a one-row step allows 3 drafts
+    config = SpecConfig(max_draft_tokens=16, cost=StepCost(1.0, 0.5))
+    proposer = NgramProposer(config)
+    copy = list(range(10, 40))
+    r = _request("r", copy, output=copy[:20])  # a 20-token match: drafted long
+    proposer.register(r, enabled=True)
+    assert len(proposer.propose([r], 100)[RequestId("r")]) > 3  # the goodput gate's length
+    assert proposer.propose([r], 100, max_cost=3.0) == {RequestId("r"): [30, 31, 32]}
+    assert proposer.propose([r], 100, max_cost=1.9) == {}  # not even a second row
+    assert proposer.propose([r], 100, max_cost=1.0) == {}

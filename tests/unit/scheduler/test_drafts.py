@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inferflux.scheduler import Request, RequestId, Scheduler
+from inferflux.scheduler.scheduler import SchedulingPolicy
 
 
 class FakeProposer:
@@ -11,9 +12,13 @@ class FakeProposer:
     def __init__(self, draft: list[int]) -> None:
         self.draft = draft
         self.offered: list[tuple[list[str], int]] = []
+        self.max_costs: list[float] = []
 
-    def propose(self, requests: list[Request], budget: int) -> dict[RequestId, list[int]]:
+    def propose(
+        self, requests: list[Request], budget: int, max_cost: float = 0.0
+    ) -> dict[RequestId, list[int]]:
         self.offered.append(([r.request_id for r in requests], budget))
+        self.max_costs.append(max_cost)
         return {r.request_id: self.draft[:budget] for r in requests}
 
 
@@ -61,3 +66,24 @@ def test_without_a_proposer_nothing_is_drafted() -> None:
     scheduler.add(make_request("a", 4))
     decode_one(scheduler)
     assert decode_one(scheduler) == [("a", 1, ())]
+
+
+def test_a_stall_free_target_bounds_the_drafts_step_by_its_decode_rows() -> None:
+    scheduler = Scheduler(
+        max_num_seqs=2,
+        max_batch_tokens=64,
+        kv_capacity=None,
+        policy=SchedulingPolicy(itl_target_ratio=3.0),
+    )
+    proposer = FakeProposer([1, 2, 3])
+    scheduler.draft_proposer = proposer
+    scheduler.add(make_request("a", 4, max_tokens=40))
+    decode_one(scheduler)  # prefill: nothing decodes, no bound
+    decode_one(scheduler)
+    assert proposer.max_costs[-1] == 3.0  # decode rows only: the ratio itself
+    scheduler.add(make_request("b", 10, max_tokens=40))
+    decode_one(scheduler)  # b's prompt rides in this step: no drafts beside it
+    assert proposer.max_costs[-1] == 1.0
+    scheduler.policy = SchedulingPolicy()
+    decode_one(scheduler)
+    assert proposer.max_costs[-1] == 0.0  # no target: the goodput gate alone
