@@ -96,6 +96,7 @@ async def mixed(url: str, low_clients: int, n_high: int) -> dict[str, Any]:
             await asyncio.sleep(0.5)
         elapsed = time.perf_counter() - started
         stats = (await client.get("/server/stats")).json()
+        recent = (await client.get("/debug/requests")).json().get("recent", [])
         stop.set()
         for task in lows:
             task.cancel()
@@ -108,7 +109,17 @@ async def mixed(url: str, low_clients: int, n_high: int) -> dict[str, Any]:
         "p99_ratio_loaded_over_alone": round(b["p99"] / a["p99"], 2),  # type: ignore[operator]
         "low_requests_per_s": round(completed_rate, 3),
         "fairness": stats["workers"][0]["fairness"],
+        "slowest_high": _slowest_high(recent),
     }
+
+
+def _slowest_high(recent: list[dict[str, Any]], n: int = 5) -> list[dict[str, Any]]:
+    """Where the slowest high-priority requests spent their time (server side): in the
+    queue (no slot, or behind a step) or in their prefill (`/debug/requests`)."""
+    high = [r for r in recent if r.get("priority") == "high" and r.get("time_to_first_token_s")]
+    high.sort(key=lambda r: -r["time_to_first_token_s"])
+    keys = ("queue_wait_s", "time_to_first_token_s", "num_prompt_tokens", "num_cached_tokens")
+    return [{k: r.get(k) for k in keys} for r in high[:n]]
 
 
 async def overload(url: str, pid: int, rate: float, seconds: float) -> dict[str, Any]:
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {}
     parts = set(args.parts.split(","))
     if "mixed" in parts:
-        server = start_server(args.port)
+        server = start_server(args.port, env={"INFERFLUX_OBSERVABILITY__DEBUG_HISTORY": "1000"})
         try:
             report["mixed"] = asyncio.run(mixed(url, args.low_clients, args.high_requests))
         finally:

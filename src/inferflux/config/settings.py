@@ -326,6 +326,16 @@ class FairnessSettings(_Section):
         description="Tokens a running request generates before it yields its slot to "
         "waiting requests of a higher priority.",
     )
+    high_traffic_chunk_tokens: int = Field(
+        128,
+        ge=0,
+        le=1_000_000,
+        description="While high-priority requests have arrived in the last 30 s, a step "
+        "carries at most this many prompt tokens of other requests, so a high-priority "
+        "arrival waits for one short step at most (a step cannot be interrupted; a full "
+        "512-token chunk takes about a second on 2 CPU cores). High-priority prompts are "
+        "never capped. 0 = off.",
+    )
 
 
 class PrefixCacheSettings(_Section):

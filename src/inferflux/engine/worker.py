@@ -220,6 +220,7 @@ def scheduling_policy(settings: SchedulerSettings) -> SchedulingPolicy:
         enable_preemption=fairness.enable_preemption,
         high_priority_threshold=PriorityClass[fairness.high_priority_threshold.upper()],
         max_timeslice_tokens=fairness.max_timeslice_tokens,
+        high_traffic_chunk_tokens=fairness.high_traffic_chunk_tokens,
         itl_target_s=settings.itl_target_ms / 1000.0,
         itl_target_ratio=settings.itl_target_ratio,
         memory_low_bytes=settings.memory_low_mb * 1024 * 1024,

@@ -22,11 +22,17 @@ by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a promp
 the whole budget.
 
 High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
-has left after the decodes. While one is being prefilled, or waits at the head of its
-queue and can be admitted, the other prompts carry no tokens, so the step that prefills
-it is as short as it can be and its first token comes one step after it arrives. A prompt
-that has aged to the HIGH class (below) no longer stands aside, which keeps the
-starvation bound.
+has left after the decodes. While HIGH-class requests keep arriving (one in the last
+`_HIGH_TRAFFIC_S`), the other prompts carry at most `high_traffic_chunk_tokens` a step:
+a step cannot be interrupted, and a HIGH arrival otherwise waits out a whole
+`max_batch_tokens` chunk (about a second on 2 cores) before its own step. While a HIGH
+prompt is being prefilled, or waits at the head of its queue and can be admitted, the
+other prompts carry no tokens, so the step that prefills it is as short as it can be and
+its first token comes one step after it arrives. A prompt that has aged to the HIGH
+class (below) does not stand aside, which keeps the starvation bound, but beside a HIGH
+prompt it carries only `_MIN_PROMPT_CHUNK` tokens a step: aged prompts rank ahead of a
+new HIGH one, and taking whole steps they made its first token wait (priority bench: a
+high request admitted at once, its first token after 0.77 s).
 
 Admission order. The head of each class queue competes on (effective class, arrival),
 where a request's effective class drops by one for every `aging_s` it has waited. So a
@@ -37,7 +43,9 @@ HIGH requests: no request that arrived after it is admitted before it from then 
 Fairness. When a waiting request cannot be admitted (no slot, or no KV cells):
 - with `enable_preemption`, a waiting request of class `high_priority_threshold` or
   better preempts the newest running request of a worse class (a preemption), and takes
-  its slot even when an aged request ranks ahead of it; a request that was preempted
+  its slot even when an aged request ranks ahead of it (it is admitted into that slot
+  at once: the victim, aged itself, would otherwise take it straight back, and an aged
+  head that can be admitted leaves it no free slot); a request that was preempted
   before is safe until it has produced `_MIN_RUN_TOKENS` since it resumed, and a prompt
   still being prefilled goes only when no decoding request can;
 - otherwise a running request of a worse class that produced `max_timeslice_tokens`
@@ -84,6 +92,9 @@ _MIN_PROMPT_CHUNK = 16
 # drained too fast (ITL p99 282 ms at 8 streams), 32 kept it at 121 ms (engine, measured).
 _DRAIN_STEPS = 32
 _TIMEOUT_SCAN_S = 0.1
+# A HIGH-class arrival within this many seconds caps the other prompts' chunks
+# (`high_traffic_chunk_tokens`).
+_HIGH_TRAFFIC_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,9 @@ class SchedulingPolicy:
     enable_preemption: bool = True
     high_priority_threshold: PriorityClass = PriorityClass.HIGH
     max_timeslice_tokens: int = 128
+    # > 0: while HIGH-class requests arrived in the last _HIGH_TRAFFIC_S, the other
+    # prompts carry at most this many tokens a step (a step cannot be interrupted).
+    high_traffic_chunk_tokens: int = 128
     # > 0: while sequences decode, a step carries only the prompt tokens that keep its
     # expected time under this (stall-free batching); 0 = the whole token budget.
     itl_target_s: float = 0.0
@@ -110,8 +124,9 @@ class SchedulingPolicy:
 @dataclass(slots=True)
 class _PromptAllowance:
     """The prompt tokens one step may still carry: all of the remaining budget for a
-    HIGH-class prompt; none for a prompt below the HIGH class (`rank`, aging included)
-    while `high_first`; else up to `share` in all."""
+    HIGH-class prompt; while `high_first`, none for a prompt below the HIGH class (`rank`,
+    aging included) and `_MIN_PROMPT_CHUNK` for one aged to it; else up to `share` in
+    all."""
 
     budget: int
     share: int
@@ -121,8 +136,9 @@ class _PromptAllowance:
     def limit(self, request: Request, rank: int) -> int:
         if request.priority == PriorityClass.HIGH:
             return max(0, self.budget - self.taken)
-        if self.high_first and rank > PriorityClass.HIGH:
-            return 0
+        if self.high_first:  # aged to HIGH: it keeps progressing, but in small chunks
+            small = min(self.budget - self.taken, _MIN_PROMPT_CHUNK)
+            return 0 if rank > PriorityClass.HIGH else max(0, small)
         return max(0, min(self.budget, self.share) - self.taken)
 
     def take(self, n: int) -> None:
@@ -175,6 +191,7 @@ class Scheduler:
         self._last_timeout_scan = float("-inf")
         self.lower_tiers: LowerTiers | None = None  # host/disk tiers (engine/kv_offload.py)
         self.draft_proposer: DraftProposer | None = None  # speculative decoding (drafts.py)
+        self._high_seen_at = float("-inf")  # the latest HIGH-class arrival
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -217,6 +234,8 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self._requests[request.request_id] = request
         self.queues[request.priority].append(request)
+        if request.priority == PriorityClass.HIGH:
+            self._high_seen_at = self.clock()
 
     def finish(
         self, request_id: RequestId, *, cache: bool = False
@@ -279,9 +298,11 @@ class Scheduler:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
         decoding = len(chunks)
-        allowance = _PromptAllowance(
-            budget, self._prompt_share(decoding, prefilling), self._high_first(prefilling)
-        )
+        share = self._prompt_share(decoding, prefilling)
+        guard = self.policy.high_traffic_chunk_tokens
+        if guard > 0 and now - self._high_seen_at < _HIGH_TRAFFIC_S:
+            share = min(share, guard)
+        allowance = _PromptAllowance(budget, share, self._high_first(prefilling))
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
         if self.draft_proposer is not None:
@@ -484,25 +505,37 @@ class Scheduler:
     def _make_room(self, now: float, kv_ops: list[KvOp]) -> list[Request]:
         """Preempt or yield running requests that block better waiting ones."""
         head = self._next_waiting(now)
-        if head is None or self._can_admit(head):
+        if head is None:
             return []
         preemptor = self._preemptor(head)
+        # An aged head takes the free slot; a HIGH request behind it preempts for a slot
+        # of its own when no second slot is free (priority bench: it waited ~1 s while
+        # aged requests took every slot that freed up).
+        behind = preemptor is not None and preemptor is not head
+        if self._can_admit(head) and (not behind or len(self._free_seq_ids) > 1):
+            return []
         victim = self._victim(preemptor, _MIN_RUN_TOKENS, fresh=True) if preemptor else None
         if victim is not None:
             self.counters.preemptions += 1
+        elif self._can_admit(head):
+            return []
         else:
             victim = self._victim(head, self.policy.max_timeslice_tokens)
             if victim is None:
                 return []
             self.counters.yields += 1
+            preemptor = None  # a yield: the slot goes to the head of the ranking
         kv_ops.extend(self._release(victim, cache=True))
         victim.seq_id = None
         victim.num_computed_tokens = 0  # its KV now lives in the prefix cache, if anywhere
         victim.status = RequestStatus.WAITING
         victim.num_preemptions += 1
         self.queues[victim.priority].appendleft(victim)
-        if preemptor is not None and preemptor is not head and self._can_admit(preemptor):
-            self._admit(preemptor, kv_ops)  # the slot it freed is its own, not the aged head's
+        if preemptor is not None and self._can_admit(preemptor):
+            # The slot it freed is its own: neither the aged head's nor the victim's,
+            # which, aged too, ranks first and took it straight back (a preemption a
+            # step, the HIGH request still waiting: measured).
+            self._admit(preemptor, kv_ops)
         return [victim]
 
     def _preemptor(self, head: Request) -> Request | None:
@@ -528,14 +561,14 @@ class Scheduler:
         not preempted again at once), and one still prefilling its prompt does when no
         decoding one does: when a wave of new requests has just taken every slot, a
         high-priority request does not wait for them to produce their first tokens."""
-        worse = [
+        worse = [r for r in self.running if r.priority > head.priority]
+        ran = [
             r
-            for r in self.running
-            if r.priority > head.priority
-            and (r.tokens_since_admit >= min_tokens or (fresh and r.num_preemptions == 0))
+            for r in worse
+            if r.tokens_since_admit >= min_tokens or (fresh and r.num_preemptions == 0)
         ]
-        decoding = [r for r in worse if r.num_computed_tokens >= r.num_prompt_tokens]
-        candidates = decoding or (worse if fresh else [])
+        decoding = [r for r in ran if r.num_computed_tokens >= r.num_prompt_tokens]
+        candidates = decoding or (ran if fresh else [])
         if not candidates:
             return None
         return max(candidates, key=lambda r: (r.priority, r.arrival_at))

@@ -278,3 +278,40 @@ def test_a_high_request_behind_an_aged_low_one_preempts_for_itself() -> None:
     assert [r.request_id for r in sched.waiting] == ["running", "aged"]
     sched.finish(RequestId("high"))
     assert run(sched.schedule()) == ["running"]
+
+
+def test_a_high_request_keeps_the_slot_of_a_victim_that_aged_itself() -> None:
+    """The victim goes back to the front of its queue; aged, it ranks first. It must not
+    take straight back the slot it was preempted from (the HIGH request then waited one
+    preemption after another: measured under 24 low streams)."""
+    clock = ManualClock()
+    sched = scheduler(clock, seqs=1, aging_s=1.0)
+    sched.add(req("low", clock, LOW))
+    for _ in range(20):
+        run(sched.schedule())
+    clock.now += 5  # "low" arrived 5 s ago: it ranks as HIGH, by arrival
+    sched.add(req("high", clock, HIGH))
+    out = sched.schedule()
+    assert [r.request_id for r in out.preempted] == ["low"] and run(out) == ["high"]
+    assert sched.counters.preemptions == 1
+    out = sched.schedule()  # the high request decodes; no second preemption
+    assert out.preempted == [] and run(out) == ["high"]
+
+
+def test_a_high_request_preempts_when_an_aged_head_takes_the_only_free_slot() -> None:
+    clock = ManualClock()
+    sched = scheduler(clock, seqs=2, aging_s=1.0)
+    sched.add(req("a", clock, LOW))
+    sched.add(req("b", clock, LOW))
+    run(sched.schedule())
+    sched.add(req("aged", clock, LOW))
+    clock.now += 2.5  # "aged" ranks first for the slot that frees up
+    run(sched.schedule())
+    sched.finish(RequestId("a"))
+    sched.add(req("high", clock, HIGH))
+    out = sched.schedule()
+    # "high" preempts "b" for a slot of its own; the free slot goes by arrival, to "b"
+    # (it arrived with "aged", and first): the starvation bound is untouched
+    assert [r.request_id for r in out.preempted] == ["b"]
+    assert sorted(run(out)) == ["b", "high"]
+    assert [r.request_id for r in sched.waiting] == ["aged"]

@@ -121,14 +121,48 @@ def test_a_high_priority_arrival_pauses_a_long_low_priority_prefill_for_one_step
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 60)]
     assert out.chunks[-1].sample  # its first token comes from this very step
     complete(out)
-    out = sched.schedule()  # the high request decodes; the low prompt goes on
+    out = sched.schedule()  # the high request decodes; the low prompt goes on, in small
+    # chunks while high-priority requests keep arriving (high_traffic_chunk_tokens)
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [
         ("high", 1),
-        ("low", 507),
+        ("low", 128),
     ]
 
 
-def test_a_prompt_aged_to_the_high_class_does_not_stand_aside() -> None:
+def _after_a_high_request(policy: SchedulingPolicy) -> tuple[Scheduler, list[float]]:
+    """A scheduler that served one high-priority request at t = 0, with a long low
+    prompt waiting."""
+    now = [0.0]
+    sched = Scheduler(
+        max_num_seqs=8,
+        max_batch_tokens=512,
+        kv_capacity=None,
+        policy=policy,
+        clock=lambda: now[0],
+    )
+    high = make_request("high", 10, max_tokens=1)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    complete(sched.schedule())
+    sched.finish(high.request_id)
+    low = make_request("low", 4000)
+    low.priority = PriorityClass.LOW
+    sched.add(low)
+    return sched, now
+
+
+def test_other_prompts_take_whole_steps_again_once_high_traffic_stops() -> None:
+    sched, now = _after_a_high_request(SchedulingPolicy())
+    assert [len(c.token_ids) for c in sched.schedule().chunks] == [128]
+    now[0] = 29.0
+    assert [len(c.token_ids) for c in sched.schedule().chunks] == [128]
+    now[0] = 31.0  # no high-priority arrival for 30 s
+    assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]
+    sched, now = _after_a_high_request(SchedulingPolicy(high_traffic_chunk_tokens=0))
+    assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]  # off
+
+
+def test_a_prompt_aged_to_the_high_class_progresses_in_small_chunks_beside_a_high_one() -> None:
     now = [0.0]
     sched = Scheduler(
         max_num_seqs=8,
@@ -148,9 +182,16 @@ def test_a_prompt_aged_to_the_high_class_does_not_stand_aside() -> None:
     high.arrival_at = now[0]
     sched.add(high)
     out = sched.schedule()
+    # it does not stand aside (the starvation bound), but the high prompt takes the step
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
-        ("low", 512),
+        ("low", 16),
+        ("high", 100),
     ]
+    complete(out)
+    sched.finish(high.request_id)
+    now[0] += 31  # alone again, and no high-priority arrival for 30 s: the whole budget
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("low", 512)]
 
 
 def test_a_high_prompt_that_cannot_be_admitted_does_not_stop_the_others() -> None:
@@ -244,3 +285,29 @@ def test_memory_pressure_halves_the_step_budget_and_admissions() -> None:
     sched.memory_pressure = False
     sched.schedule()
     assert sched.num_running == 4
+
+
+def test_an_aged_waiting_prompt_admitted_ahead_of_a_high_one_leaves_it_the_step() -> None:
+    now = [0.0]
+    sched = Scheduler(
+        max_num_seqs=4,
+        max_batch_tokens=512,
+        kv_capacity=None,
+        policy=SchedulingPolicy(aging_s=1.0),
+        clock=lambda: now[0],
+    )
+    low = make_request("low", 2000)
+    low.priority = PriorityClass.LOW
+    low.arrival_at = 0.0
+    sched.add(low)
+    now[0] = 2.5  # it waited two aging periods: it ranks first, by arrival
+    high = make_request("high", 100)
+    high.priority = PriorityClass.HIGH
+    high.arrival_at = now[0]
+    sched.add(high)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("low", 16),
+        ("high", 100),
+    ]
+    assert out.chunks[-1].sample  # the high request's first token comes from this step
