@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferflux.scheduler import Scheduler
-from inferflux.scheduler.request import PriorityClass
+from inferflux.scheduler.request import PriorityClass, Request
 from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
 from tests.unit.scheduler.test_scheduler import complete, make_request
@@ -162,7 +162,9 @@ def test_other_prompts_take_whole_steps_again_once_high_traffic_stops() -> None:
     assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]  # off
 
 
-def test_a_prompt_aged_to_the_high_class_progresses_in_small_chunks_beside_a_high_one() -> None:
+def _aged_low_then_high(*, admit_low: bool) -> tuple[Scheduler, list[float], Request]:
+    """A 2000-token LOW prompt that arrived at t = 0 (admitted at once with `admit_low`),
+    then at t = 2.5, when it ranks as HIGH by two aging periods, a 100-token HIGH one."""
     now = [0.0]
     sched = Scheduler(
         max_num_seqs=8,
@@ -175,12 +177,18 @@ def test_a_prompt_aged_to_the_high_class_progresses_in_small_chunks_beside_a_hig
     low.priority = PriorityClass.LOW
     low.arrival_at = 0.0
     sched.add(low)
-    complete(sched.schedule())
-    now[0] = 2.5  # two classes of aging: it ranks as HIGH now
+    if admit_low:
+        complete(sched.schedule())
+    now[0] = 2.5
     high = make_request("high", 100)
     high.priority = PriorityClass.HIGH
     high.arrival_at = now[0]
     sched.add(high)
+    return sched, now, high
+
+
+def test_a_prompt_aged_to_the_high_class_progresses_in_small_chunks_beside_a_high_one() -> None:
+    sched, now, high = _aged_low_then_high(admit_low=True)
     out = sched.schedule()
     # it does not stand aside (the starvation bound), but the high prompt takes the step
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
@@ -288,23 +296,7 @@ def test_memory_pressure_halves_the_step_budget_and_admissions() -> None:
 
 
 def test_an_aged_waiting_prompt_admitted_ahead_of_a_high_one_leaves_it_the_step() -> None:
-    now = [0.0]
-    sched = Scheduler(
-        max_num_seqs=4,
-        max_batch_tokens=512,
-        kv_capacity=None,
-        policy=SchedulingPolicy(aging_s=1.0),
-        clock=lambda: now[0],
-    )
-    low = make_request("low", 2000)
-    low.priority = PriorityClass.LOW
-    low.arrival_at = 0.0
-    sched.add(low)
-    now[0] = 2.5  # it waited two aging periods: it ranks first, by arrival
-    high = make_request("high", 100)
-    high.priority = PriorityClass.HIGH
-    high.arrival_at = now[0]
-    sched.add(high)
+    sched, _, _ = _aged_low_then_high(admit_low=False)  # "low" waited: it ranks first
     out = sched.schedule()
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         ("low", 16),
