@@ -281,9 +281,10 @@ def best_draft_length(
 class SpecConfig:
     """The engine-side speculative settings (config: runtime.speculative_decoding)."""
 
-    # 32: Gemma 3 copy-heavy work at c = 1 went from 1.48-1.51× to 1.68-1.85× speculation
-    # off with 32 instead of 12 (24 and 48 measured the same as 32); the goodput gate
-    # still picks each draft's length, so free chat drafts no more (BENCHMARKS.md).
+    # 32: Gemma 3 copy-heavy work at c = 1 went from 1.30-1.51× to 1.49-1.85× speculation
+    # off with 24-48 instead of 12, side by side in two runs (a third run gave 1.26-1.36×
+    # with 32: acceptance varies between runs, BENCHMARKS.md); the goodput gate still
+    # picks each draft's length, so free chat drafts no more.
     max_draft_tokens: int = 32
     max_prefill: int = 0  # prompts longer than this never speculate; 0 = no limit
     min_acceptance: float = 0.5
