@@ -382,8 +382,10 @@ class Scheduler:
         token wait just as a prompt chunk does: at c = 1 a 12-token draft of SmolLM2
         takes about 7 one-row steps, the stream's ITL p99."""
         target_s = self._step_target_s(decoding)
+        if target_s <= 0 or decoding == 0:
+            return 0.0  # no target: nothing more to compute on this path (every step)
         decode_s = self.step_cost.predict_s(decoding, 0)
-        if target_s <= 0 or decoding == 0 or decode_s <= 0:
+        if decode_s <= 0:
             return 0.0
         if allowance.taken:
             return 1.0
@@ -512,12 +514,13 @@ class Scheduler:
         # of its own when no second slot is free (priority bench: it waited ~1 s while
         # aged requests took every slot that freed up).
         behind = preemptor is not None and preemptor is not head
-        if self._can_admit(head) and (not behind or len(self._free_seq_ids) > 1):
+        admissible = self._can_admit(head)
+        if admissible and (not behind or len(self._free_seq_ids) > 1):
             return []
         victim = self._victim(preemptor, _MIN_RUN_TOKENS, fresh=True) if preemptor else None
         if victim is not None:
             self.counters.preemptions += 1
-        elif self._can_admit(head):
+        elif admissible:
             return []
         else:
             victim = self._victim(head, self.policy.max_timeslice_tokens)
@@ -561,14 +564,14 @@ class Scheduler:
         not preempted again at once), and one still prefilling its prompt does when no
         decoding one does: when a wave of new requests has just taken every slot, a
         high-priority request does not wait for them to produce their first tokens."""
-        worse = [r for r in self.running if r.priority > head.priority]
-        ran = [
+        worse = [
             r
-            for r in worse
-            if r.tokens_since_admit >= min_tokens or (fresh and r.num_preemptions == 0)
+            for r in self.running
+            if r.priority > head.priority
+            and (r.tokens_since_admit >= min_tokens or (fresh and r.num_preemptions == 0))
         ]
-        decoding = [r for r in ran if r.num_computed_tokens >= r.num_prompt_tokens]
-        candidates = decoding or (ran if fresh else [])
+        decoding = [r for r in worse if r.num_computed_tokens >= r.num_prompt_tokens]
+        candidates = decoding or (worse if fresh else [])
         if not candidates:
             return None
         return max(candidates, key=lambda r: (r.priority, r.arrival_at))
