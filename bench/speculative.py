@@ -11,6 +11,8 @@ Workloads (greedy, `max_tokens`, the model may stop early; tok/s = completion to
 wall time of the level, all clients together):
 - `edit`:  a code file of this repository and "output the whole file with <name> renamed";
 - `quote`: a document (README sections) and a question answered by quoting it;
+  both read bench/data/speculative_inputs.json (frozen copies: editing the source files
+  or the README does not change the workload);
 - `chat`:  free-form questions (nothing to copy).
 
 Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflux-on`
@@ -21,7 +23,8 @@ Configs: `inferflux-off` (runtime.speculative_decoding.enabled false), `inferflu
 build lists (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and
 `llama-server-draft` (draft-simple with the model as its own draft: the only pair that
 exists here; it shows the mechanism's cost, not a real draft's gain). Each server is
-started once per model with 8 sequences. `--variant NAME:ENV=VALUE[,…]` adds a config
+started once per model (and round: `--rounds N` runs the configs N times, alternated, and
+reports the mean with the range) with 8 sequences. `--variant NAME:ENV=VALUE[,…]` adds a config
 `inferflux-NAME`: speculation on plus those settings, e.g. `--variant
 k32:INFERFLUX_SPEC_CHUNK_SIZE=32`. Results: bench/results/speculative.{json,md}.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,12 +63,8 @@ CONFIGS = (
     "llama-server-draft",
 )
 WORKLOADS = ("edit", "quote", "chat")
-_EDITS = (
-    ("src/inferflux/scheduler/drafts.py", "attach_drafts", "add_drafts"),
-    ("src/inferflux/engine/spec_verify.py", "merge_deltas", "join_deltas"),
-    ("src/inferflux/scheduler/request.py", "tokens_to_compute", "next_tokens"),
-    ("src/inferflux/engine/detokenizer.py", "push", "feed"),
-)
+# the copy-heavy inputs, frozen: source files and README sections of commit ab183bd
+INPUTS = REPO / "bench" / "data" / "speculative_inputs.json"
 _QUESTIONS = (
     "Write a short story about a fox who learns to fly.",
     "Explain how a refrigerator works.",
@@ -78,24 +78,20 @@ _QUESTIONS = (
 
 
 def _prompts(workload: str) -> list[str]:
+    if workload == "chat":
+        return list(_QUESTIONS)
+    inputs = json.loads(INPUTS.read_text(encoding="utf-8"))
     if workload == "edit":
-        out = []
-        for path, old, new in _EDITS:
-            code = (REPO / path).read_text(encoding="utf-8")[:2400]
-            out.append(
-                f"```python\n{code}\n```\n\nOutput the whole file above again, unchanged "
-                f"except that `{old}` is renamed to `{new}` everywhere."
-            )
-        return out
-    if workload == "quote":
-        readme = (REPO / "README.md").read_text(encoding="utf-8")
-        parts = [readme[i : i + 2400] for i in range(0, min(len(readme), 9600), 2400)]
         return [
-            f"Document:\n{doc}\n\nQuote the first two paragraphs of the document word for "
-            "word, then say which one is longer."
-            for doc in parts
+            f"```python\n{edit['code']}\n```\n\nOutput the whole file above again, unchanged "
+            f"except that `{edit['old']}` is renamed to `{edit['new']}` everywhere."
+            for edit in inputs["edit"]
         ]
-    return list(_QUESTIONS)
+    return [
+        f"Document:\n{doc}\n\nQuote the first two paragraphs of the document word for "
+        "word, then say which one is longer."
+        for doc in inputs["quote"]
+    ]
 
 
 def _server(
@@ -186,22 +182,24 @@ async def _level(url: str, model: Model, workload: str, c: int, args: Any) -> di
 def run_model(key: str, tools: Toolchain, args: Any) -> list[dict[str, Any]]:
     model = load_model(key)
     rows: list[dict[str, Any]] = []
-    for config in args.configs:
-        if config.startswith("llama-server") and not tools.llama_server:
-            continue
-        server = _server(config, tools, model, args.port, args.draft_model, args.variants)
-        with running(server, args.port, LOGS / f"speculative-{key}-{config}.log") as live:
-            for workload in args.workloads:
-                for c in args.levels:
-                    row = asyncio.run(_level(live.url, model, workload, c, args))
-                    row.update(model=key, config=config)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+    for round_ in range(args.rounds):  # alternated: every config once a round
+        for config in args.configs:
+            if config.startswith("llama-server") and not tools.llama_server:
+                continue
+            server = _server(config, tools, model, args.port, args.draft_model, args.variants)
+            with running(server, args.port, LOGS / f"speculative-{key}-{config}.log") as live:
+                for workload in args.workloads:
+                    for c in args.levels:
+                        row = asyncio.run(_level(live.url, model, workload, c, args))
+                        row.update(model=key, config=config, round=round_)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict[str, Any]], configs: list[str]) -> str:
-    """One table per model: rows (workload, c), columns tok/s per config, then × off."""
+    """One table per model: rows (workload, c), columns tok/s per config (the mean of the
+    rounds, then × off's mean, then [min–max] of the rounds)."""
     out = []
     for key in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == key]
@@ -211,20 +209,21 @@ def markdown(rows: list[dict[str, Any]], configs: list[str]) -> str:
         out.append("| --- | --- |" + " --- |" * len(present))
         for workload in dict.fromkeys(r["workload"] for r in mine):
             for c in sorted({r["concurrency"] for r in mine if r["workload"] == workload}):
-                cells = {
-                    r["config"]: r
-                    for r in mine
-                    if r["workload"] == workload and r["concurrency"] == c
-                }
+                cells: dict[str, list[float]] = {}
+                for r in mine:
+                    if r["workload"] == workload and r["concurrency"] == c:
+                        cells.setdefault(r["config"], []).append(r["tok_s"])
                 off = cells.get("inferflux-off")
                 texts = []
                 for config in present:
-                    row = cells.get(config)
-                    if row is None:
+                    runs = cells.get(config)
+                    if runs is None:
                         texts.append("–")
                         continue
-                    ratio = f" ({row['tok_s'] / off['tok_s']:.2f}×)" if off else ""
-                    texts.append(f"{row['tok_s']:.1f}{ratio}")
+                    mean = statistics.fmean(runs)
+                    ratio = f" ({mean / statistics.fmean(off):.2f}×)" if off else ""
+                    spread = f" [{min(runs):.0f}–{max(runs):.0f}]" if len(runs) > 1 else ""
+                    texts.append(f"{mean:.1f}{ratio}{spread}")
                 out.append(f"| {workload} | {c} | " + " | ".join(texts) + " |")
         out.append("")
     return "\n".join(out)
@@ -238,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", default="1,4,8")
     p.add_argument("--per-client", type=int, default=2, help="requests each client sends")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run every config this many times, alternated"
+    )
     p.add_argument("--port", type=int, default=18431)
     p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument("--out", default=str(RESULTS / "speculative"))

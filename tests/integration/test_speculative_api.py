@@ -91,6 +91,8 @@ def test_copying_speculates_and_opting_out_gives_the_same_answer(spec_url: str) 
     stats = httpx.get(f"{spec_url}/server/stats", timeout=10).json()
     spec = stats["speculative"]
     assert spec["chunks"] >= 1 and spec["accepted_tokens"] >= details["accepted_prediction_tokens"]
+    learned = spec["by_match_length"]  # what the goodput gate learned from those drafts
+    assert sum(bucket["positions"] for bucket in learned) >= spec["accepted_tokens"]
     assert stats["models"][0]["speculative"] == spec
 
 

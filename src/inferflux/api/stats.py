@@ -9,6 +9,7 @@ every engine step.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 import msgspec
@@ -20,8 +21,9 @@ from inferflux.api.openai.models import model_card
 from inferflux.api.pools import channel_json, pool_summary, takes_requests
 from inferflux.api.security_layer import SecurityState
 from inferflux.api.state import AppState, ModelsDep, StateDep, TelemetryDep
-from inferflux.engine.messages import KvTierStats
+from inferflux.engine.messages import KvTierStats, SpeculativeStats
 from inferflux.engine.protocol import WorkerStatus
+from inferflux.engine.speculative import MATCH_BUCKETS
 from inferflux.observability.worker_metrics import PRIORITIES
 
 router = APIRouter(tags=["ops"])
@@ -113,7 +115,26 @@ def speculative_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
         "tokens_per_verification": (
             round(1 + total["accepted_tokens"] / chunks, 4) if chunks else 0.0
         ),
+        "by_match_length": _by_match_length(specs),
     }
+
+
+def _by_match_length(specs: list[SpeculativeStats]) -> list[dict[str, object]]:
+    """What the goodput gate learned, per bucket of match lengths: the acceptance of a
+    draft position (the workers' rates weighted by the positions each saw; the starting
+    prior where none saw any) and the positions verified."""
+    out: list[dict[str, object]] = []
+    for b, shortest in enumerate(MATCH_BUCKETS):
+        learned = [(s.match_rates[b], s.match_seen[b]) for s in specs if len(s.match_seen) > b]
+        if not learned:
+            continue
+        seen = sum(n for _, n in learned)
+        if seen:
+            rate = sum(r * n for r, n in learned) / seen
+        else:
+            rate = statistics.fmean(r for r, _ in learned)
+        out.append({"from": shortest, "acceptance": round(rate, 4), "positions": seen})
+    return out
 
 
 def policy_stats(security: SecurityState) -> dict[str, object]:

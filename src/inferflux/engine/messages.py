@@ -280,6 +280,10 @@ class SpeculativeStats(msgspec.Struct, kw_only=True):
     chunks_accepted: int = 0  # drafts accepted whole
     drafted_tokens: int = 0
     accepted_tokens: int = 0  # drafted tokens accepted: "tokens reused"
+    # what the goodput gate learned (n-gram mode): per bucket of match lengths, from the
+    # shortest (engine/speculative.py MATCH_BUCKETS), the acceptance and positions seen
+    match_rates: list[float] = msgspec.field(default_factory=list)
+    match_seen: list[int] = msgspec.field(default_factory=list)
 
 
 class ImageStats(msgspec.Struct, kw_only=True):

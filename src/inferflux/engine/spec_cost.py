@@ -2,7 +2,7 @@
 for the goodput gate of speculative decoding (engine/speculative.py `StepCost`).
 
 Owns: one short calibration on a scratch sequence before the worker reports ready:
-decode steps of 1, 2 and 8 logits rows over a 64-token context, each row sampled as a
+decode steps of 1, 2, 8 and 32 logits rows over a 64-token context, each row sampled as a
 verified row is (the sampler chain over the whole vocabulary), the median of a few runs.
 Does not own the gate's rule. Why measure: the cost of a second row is the whole question
 of "never slower", and it differs by model (the LM head is 20% of SmolLM2 135M and 62% of
@@ -20,12 +20,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from inferflux.engine.backends.base import DecodeChunk, SamplerHandle
-from inferflux.engine.speculative import StepCost
+from inferflux.engine.speculative import TAIL_FROM, StepCost
 
 logger = logging.getLogger(__name__)
 
 _CONTEXT = 64  # tokens already in the scratch sequence
 _REPS = 5
+_WIDE = 32  # rows of the widest step measured (the default max_draft_tokens, plus one)
 _BOUND = 10.0  # costs are clamped to [0, _BOUND] one-row steps
 
 
@@ -47,7 +48,10 @@ def measure_step_cost(
 ) -> StepCost:
     """The StepCost of `backend` measured on `seq_id` (empty before and after)."""
     vocab = backend.n_vocab
-    tokens = [(i * 7919) % (vocab - 1) + 1 for i in range(_CONTEXT + 8)]
+    # the widest step the scratch sequence holds (a small per-sequence context: none)
+    wide = min(_WIDE, getattr(backend, "n_ctx_per_seq", _CONTEXT + _WIDE) - _CONTEXT)
+    widths = (1, 2, TAIL_FROM, wide) if wide > TAIL_FROM else (1, 2, TAIL_FROM)
+    tokens = [(i * 7919) % (vocab - 1) + 1 for i in range(_CONTEXT + max(widths))]
     sampler = make_sampler()
     backend.free_seq(seq_id)
     try:
@@ -63,7 +67,7 @@ def measure_step_cost(
             return elapsed
 
         times = {}
-        for rows in (1, 2, 8):
+        for rows in widths:
             step(rows)  # warm-up
             times[rows] = statistics.median(step(rows) for _ in range(_REPS))
     finally:
@@ -73,12 +77,18 @@ def measure_step_cost(
             close()
     one = times[1]
     second = min(max(times[2] / one - 1.0, 0.0), _BOUND)
-    extra = min(max((times[8] - times[2]) / (6 * one), 0.0), _BOUND)
+    extra = min(max((times[TAIL_FROM] - times[2]) / ((TAIL_FROM - 2) * one), 0.0), _BOUND)
+    tail = extra
+    if wide > TAIL_FROM:
+        tail = (times[wide] - times[TAIL_FROM]) / ((wide - TAIL_FROM) * one)
+        tail = min(max(tail, 0.0), _BOUND)
     logger.info(
-        "speculative decoding: a verification row costs %.2f (the second) and %.2f (each "
-        "after) of a one-row step (%.1f ms), measured",
+        "speculative decoding: a verification row costs %.2f (the second), %.2f (each "
+        "after, to %d rows) and %.2f (each after that) of a one-row step (%.1f ms), measured",
         second,
         extra,
+        TAIL_FROM,
+        tail,
         1000 * one,
     )
-    return StepCost(second_row=second, extra_row=extra)
+    return StepCost(second_row=second, extra_row=extra, tail_row=tail)

@@ -45,7 +45,7 @@ def match_prior(length: int) -> float:
     return 1.0 - 1.0 / max(length, 1)
 
 
-_MATCH_BUCKETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)  # lower bounds of match lengths
+MATCH_BUCKETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)  # lower bounds of match lengths
 
 
 @dataclass(slots=True)
@@ -53,24 +53,42 @@ class MatchPrior:
     """Per-token acceptance of drafts by the length of their match, learned from every
     verification of one worker (its model, its traffic), starting from `match_prior`.
 
-    Why: the fixed prior is a guess; on copy-heavy work a 4-token match is accepted far
-    more often than 0.75, on free chat less. A bucket the goodput gate keeps turning down
-    would never be measured, so every `explore_every`-th turned-down draft of a bucket is
-    made anyway, `explore_tokens` long (a bounded cost: `docs/speculative.md`)."""
+    Each bucket keeps decayed counts of hits and misses (a window of about
+    1 / (1 - decay) verified positions) beside the prior, worth `strength` positions:
+    rate = (strength × prior + hits) / (strength + positions). Position i of a draft made
+    at an L-token match is learned (`record`) and read (`along`) at match length L + i.
+    Why counts with a long window: copying is accepted at 0.97-1.0 a position, and a
+    short exponential average (the first version: 10 positions) cannot hold such a rate.
+    The one miss that ends every copied stretch dropped it to 0.9, the gate then drafted
+    10 tokens instead of 32, and which stretch ended last decided a run's speed (Gemma 3
+    quote at c = 1: 84-99 tok/s over three rounds; 105-107 now). A bucket the goodput
+    gate keeps turning down would never be measured, so every `explore_every`-th
+    turned-down draft of a bucket is made anyway, `explore_tokens` long (a bounded cost:
+    `docs/speculative.md`)."""
 
-    decay: float = 0.9  # weight of the history per verified position
+    decay: float = 0.99  # weight of the history per verified position
+    strength: float = 4.0  # the prior's weight, in verified positions
     explore_every: int = 64
     explore_tokens: int = 2
-    rates: list[float] = field(default_factory=lambda: [match_prior(b) for b in _MATCH_BUCKETS])
-    seen: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
-    _declined: list[int] = field(default_factory=lambda: [0] * len(_MATCH_BUCKETS))
+    rates: list[float] = field(default_factory=lambda: [match_prior(b) for b in MATCH_BUCKETS])
+    seen: list[int] = field(default_factory=lambda: [0] * len(MATCH_BUCKETS))
+    _hits: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS))
+    _positions: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS))
+    _declined: list[int] = field(default_factory=lambda: [0] * len(MATCH_BUCKETS))
 
     @staticmethod
     def bucket(length: int) -> int:
-        return max(0, bisect.bisect_right(_MATCH_BUCKETS, length) - 1)
+        return max(0, bisect.bisect_right(MATCH_BUCKETS, length) - 1)
 
     def rate(self, length: int) -> float:
         return self.rates[self.bucket(length)]
+
+    def along(self, length: int, k: int) -> list[float]:
+        """The acceptance of each position of a k-token draft at a `length`-token match:
+        once position i is accepted the match is length + i + 1 tokens long, so each
+        position has the rate of its own match length (a copy that held for a while is
+        likelier to hold on)."""
+        return [self.rates[self.bucket(min(length + i, MATCH_CAP))] for i in range(k)]
 
     def explore(self, length: int) -> bool:
         """The gate turned down a draft of this match length: make it anyway this time?"""
@@ -80,12 +98,17 @@ class MatchPrior:
 
     def record(self, length: int, drafted: int, accepted: int) -> None:
         """A draft made at a `length`-token match had its first `accepted` of `drafted`
-        tokens accepted: hits for those, a miss for the first rejected one."""
-        b = self.bucket(length)
-        outcomes = [1.0] * accepted + ([0.0] if accepted < drafted else [])
-        for hit in outcomes:
-            self.rates[b] = self.decay * self.rates[b] + (1.0 - self.decay) * hit
-        self.seen[b] += len(outcomes)
+        tokens accepted: a hit for each of those, a miss for the first rejected one,
+        each in the bucket of its own match length (as `along` reads them)."""
+        for i in range(accepted + (accepted < drafted)):
+            self._observe(self.bucket(min(length + i, MATCH_CAP)), i < accepted)
+
+    def _observe(self, b: int, hit: bool) -> None:
+        self._hits[b] = self.decay * self._hits[b] + hit
+        self._positions[b] = self.decay * self._positions[b] + 1.0
+        prior = match_prior(MATCH_BUCKETS[b]) * self.strength
+        self.rates[b] = (prior + self._hits[b]) / (self.strength + self._positions[b])
+        self.seen[b] += 1
 
 
 class NgramIndex:
@@ -241,36 +264,62 @@ class AcceptanceTracker:
             self.paused_until = num_output + self.probe_after
 
 
+TAIL_FROM = 8  # rows: past this many, each row adds `StepCost.tail_row`
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Cost of a decode step of `n` logits rows, in units of a one-row step:
-    1 for one row, else 1 + second_row + extra_row × (n - 2). On 2 CPU cores a second
-    row doubles the step (the one-row path is a matrix-vector product) and each row
-    after adds about 0.4 (measured for SmolLM2 and Gemma 270M: docs/speculative.md); on
-    a GPU both are near 0."""
+    """Cost of a decode step of `n` logits rows, in units of a one-row step: 1 for one
+    row; 1 + second_row + extra_row × (n - 2) up to TAIL_FROM rows; past that each row
+    adds tail_row (None: extra_row, a straight line). On 2 CPU cores a second row doubles
+    the step (the one-row path is a matrix-vector product) and each row after adds about
+    0.4 up to 8 rows (SmolLM2 135M and Gemma 3 270M); past 8 SmolLM2 stays at 0.40 while
+    Gemma's rows fall to about 0.26 (its 262k-token LM head gains from the wider matrix
+    product; bench/verify_rows.py, docs/speculative.md). A straight line from the 8-row
+    point priced a 33-row Gemma step 37% too high. On a GPU all are near 0."""
 
     second_row: float = 1.0
     extra_row: float = 0.4
+    tail_row: float | None = None
 
     def __call__(self, n: int) -> float:
-        return 1.0 if n <= 1 else 1.0 + self.second_row + self.extra_row * (n - 2)
+        if n <= 1:
+            return 1.0
+        head = 1.0 + self.second_row + self.extra_row * (min(n, TAIL_FROM) - 2)
+        if n <= TAIL_FROM:
+            return head
+        tail = self.extra_row if self.tail_row is None else self.tail_row
+        return head + tail * (n - TAIL_FROM)
 
 
-def expected_gain(rate: float, k: int) -> float:
-    """Expected accepted tokens of a k-token draft at per-position acceptance `rate`."""
-    return sum(rate**i for i in range(1, k + 1))
+def _per_position(rate: float | Sequence[float], k: int) -> Sequence[float]:
+    return [rate] * k if isinstance(rate, float | int) else rate
+
+
+def expected_gain(rate: float | Sequence[float], k: int) -> float:
+    """Expected accepted tokens of a k-token draft: `rate` is the per-position
+    acceptance, one for all positions or one per position (position i is accepted with
+    rate[i] once the ones before it were)."""
+    gain, survive = 0.0, 1.0
+    for r in _per_position(rate, k)[:k]:
+        survive *= r
+        gain += survive
+    return gain
 
 
 def best_draft_length(
-    rate: float, max_k: int, rows: int, tokens: float, cost: StepCost
+    rate: float | Sequence[float], max_k: int, rows: int, tokens: float, cost: StepCost
 ) -> tuple[int, float]:
     """The draft length (0..max_k) that maximises expected tokens per unit of step cost
     for a step of `rows` rows expected to yield `tokens`; with its expected gain.
-    0 when no length beats not speculating (the goodput gate)."""
+    `rate`: as in `expected_gain`. 0 when no length beats not speculating (the goodput
+    gate)."""
     best_k, best_gain = 0, 0.0
     best = tokens / cost(rows)
-    for k in range(1, max_k + 1):
-        gain = expected_gain(rate, k)
+    gain, survive = 0.0, 1.0
+    for k, r in enumerate(_per_position(rate, max_k)[:max_k], start=1):
+        survive *= r
+        gain += survive
         value = (tokens + gain) / cost(rows + k)
         if value > best:
             best_k, best_gain, best = k, gain, value
@@ -404,10 +453,12 @@ class NgramProposer:
                 room -= 1
             if room == 0:
                 continue
-            k, gain = best_draft_length(rate, room, rows, tokens, cost)
+            # an n-gram draft: each position at the rate of its own match length
+            rates = self.prior.along(length, room) if length > 0 else rate
+            k, gain = best_draft_length(rates, room, rows, tokens, cost)
             if k == 0 and length > 0 and self.prior.explore(length):
                 k = min(room, self.prior.explore_tokens)
-                gain = expected_gain(rate, k)
+                gain = expected_gain(rates, k)
             if k == 0:
                 continue
             drafts[request_id] = draft[:k]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from inferflux.engine.speculative import (
     SpecConfig,
     StepCost,
     best_draft_length,
+    expected_gain,
     match_prior,
     propose_ngram,
     speculative_sample,
@@ -118,6 +120,26 @@ def test_the_goodput_gate_drafts_only_when_it_pays() -> None:
     assert best_draft_length(0.3, 8, 1, 1.0, StepCost(0.0, 0.0))[0] == 8
 
 
+def test_rows_past_the_knee_cost_the_tail_rate() -> None:
+    cost = StepCost(second_row=1.0, extra_row=0.4, tail_row=0.25)
+    assert cost(8) == pytest.approx(1.0 + 1.0 + 0.4 * 6)
+    assert cost(32) == pytest.approx(cost(8) + 0.25 * 24)
+    assert StepCost(1.0, 0.4)(32) == pytest.approx(2.0 + 0.4 * 30)  # no tail: a line
+    # cheaper long drafts: at 0.95 a position the gate now drafts longer
+    linear = best_draft_length(0.95, 32, 1, 1.0, StepCost(1.0, 0.4))[0]
+    assert best_draft_length(0.95, 32, 1, 1.0, cost)[0] > linear
+
+
+def test_a_draft_whose_later_positions_are_likelier_is_drafted_longer() -> None:
+    cost = StepCost(second_row=1.0, extra_row=0.4)
+    flat = [0.75] * 16
+    rising = [0.75, 0.8, 0.85, 0.9] + [0.99] * 12  # the match grows with each accepted token
+    assert expected_gain(flat, 16) == pytest.approx(expected_gain(0.75, 16))
+    assert best_draft_length(flat, 16, 1, 1.0, cost)[0] == 0
+    k, gain = best_draft_length(rising, 16, 1, 1.0, cost)
+    assert k >= 8 and gain == pytest.approx(expected_gain(rising, k))
+
+
 def _request(rid: str, prompt: list[int], output: list[int] | None = None) -> Request:
     return Request(RequestId(rid), prompt, max_tokens=64, output_token_ids=output or [])
 
@@ -168,12 +190,31 @@ def test_the_match_prior_learns_each_match_length_from_its_verifications() -> No
     prior = MatchPrior()
     assert prior.rate(4) == match_prior(4) == 0.75  # before anything was seen
     for _ in range(30):
-        prior.record(4, 3, 3)  # 4-token matches are copied whole here
-    assert prior.rate(4) > 0.95 and prior.seen[prior.bucket(4)] == 90
+        prior.record(4, 1, 1)  # 4-token matches are copied here
+    assert prior.rate(4) > 0.95 and prior.seen[prior.bucket(4)] == 30
     assert prior.rate(3) == match_prior(3) and prior.rate(5) == match_prior(5)  # untouched
     for _ in range(60):
         prior.record(16, 4, 0)  # 16-token matches fail at once
     assert prior.rate(20) < 0.3  # the same bucket (16..23)
+
+
+def test_each_position_of_a_draft_is_learned_at_its_own_match_length() -> None:
+    prior = MatchPrior()
+    prior.record(4, 8, 3)  # positions at matches 4, 5, 6 accepted; the one at 7 missed
+    assert [prior.seen[prior.bucket(n)] for n in (4, 5, 6, 8)] == [1, 1, 2, 0]
+    assert prior.rate(4) > match_prior(4) and prior.rate(5) > match_prior(5)
+    assert prior.rate(6) < match_prior(6)  # bucket 6..7: one hit, one miss
+    assert prior.along(30, 4) == [prior.rate(30), prior.rate(31), prior.rate(32), prior.rate(32)]
+
+
+def test_one_miss_does_not_undo_a_long_run_of_hits() -> None:
+    # copying is accepted at 0.97-1.0 a position; the miss that ends a copied stretch
+    # must not drop the estimate (and with it the next draft's length) far
+    prior = MatchPrior()
+    for _ in range(10):
+        prior.record(32, 32, 32)
+    prior.record(32, 32, 0)
+    assert prior.rate(32) > 0.98
 
 
 def test_a_turned_down_bucket_is_explored_now_and_then() -> None:
@@ -189,10 +230,10 @@ def test_a_short_match_is_drafted_once_it_proved_reliable() -> None:
     proposer.register(r, enabled=True)
     assert proposer.propose([r], 100) == {}  # a 3-token match: 0.67 by the fixed prior
     for _ in range(40):
-        proposer.prior.record(3, 4, 4)
+        proposer.prior.record(3, 1, 1)
     assert proposer.propose([r], 100) == {RequestId("r"): [4, 5, 6, 7]}
     proposer.record(r, 4, 4)
-    assert proposer.prior.seen[MatchPrior.bucket(3)] == 164  # it learns from its own drafts
+    assert proposer.prior.seen[MatchPrior.bucket(3)] == 41  # it learns from its own drafts
 
 
 def test_exploration_drafts_a_few_tokens_of_a_turned_down_match() -> None:
