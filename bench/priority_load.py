@@ -115,10 +115,18 @@ async def mixed(url: str, low_clients: int, n_high: int) -> dict[str, Any]:
 
 def _slowest_high(recent: list[dict[str, Any]], n: int = 5) -> list[dict[str, Any]]:
     """Where the slowest high-priority requests spent their time (server side): in the
-    queue (no slot, or behind a step) or in their prefill (`/debug/requests`)."""
+    worker's queue (no slot, or behind a step), in its steps up to the first token, or
+    outside the worker (to it and back, the API process's queueing): `/debug/requests`."""
     high = [r for r in recent if r.get("priority") == "high" and r.get("time_to_first_token_s")]
     high.sort(key=lambda r: -r["time_to_first_token_s"])
-    keys = ("queue_wait_s", "time_to_first_token_s", "num_prompt_tokens", "num_cached_tokens")
+    keys = (
+        "queue_wait_s",
+        "engine_prefill_s",
+        "engine_time_to_first_token_s",
+        "time_to_first_token_s",
+        "num_prompt_tokens",
+        "num_cached_tokens",
+    )
     return [{k: r.get(k) for k in keys} for r in high[:n]]
 
 

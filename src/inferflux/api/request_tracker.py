@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from inferflux.engine.messages import AddRequest, RequestDelta
+from inferflux.engine.messages import AddRequest, RequestDelta, RequestPhases
 
 
 @dataclass(slots=True)
@@ -47,6 +47,11 @@ class TrackedRequest:
     num_cached_tokens: int = 0
     queue_wait_s: float | None = None
     first_token_s: float | None = None  # after submission
+    # the worker's view, once it finished (RequestPhases): from its arrival there, and
+    # from its first step, to its first token; the rest of first_token_s is transit and
+    # this process's own queueing (tokenizing is before submission)
+    engine_first_token_s: float | None = None
+    engine_prefill_s: float | None = None
     finished_s: float | None = None  # after submission
     finish_reason: str | None = None
     error: str | None = None
@@ -67,6 +72,8 @@ class TrackedRequest:
             "elapsed_s": round(elapsed, 6),
             "queue_wait_s": _round(self.queue_wait_s),
             "time_to_first_token_s": _round(self.first_token_s),
+            "engine_time_to_first_token_s": _round(self.engine_first_token_s),
+            "engine_prefill_s": _round(self.engine_prefill_s),
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_cached_tokens": self.num_cached_tokens,
             "num_output_tokens": self.num_output_tokens,
@@ -126,6 +133,16 @@ class RequestTracker:
         if tracked is not None and tracked.phase == "queued":
             tracked.phase = "prefill"
             tracked.queue_wait_s = queue_wait_s
+
+    def on_phases(self, phases: RequestPhases) -> None:
+        """The worker's stamps of a finished request (live or in the history; unknown
+        ids are ignored)."""
+        tracked = self._live.get(phases.request_id) or self._finished.get(phases.request_id)
+        if tracked is None or phases.first_token_at is None:
+            return
+        tracked.engine_first_token_s = phases.first_token_at - phases.added_at
+        if phases.scheduled_at is not None:
+            tracked.engine_prefill_s = phases.first_token_at - phases.scheduled_at
 
     def on_delta(self, tracked: TrackedRequest, delta: RequestDelta, now: float) -> None:
         """Record one delta: tokens so far, the trace event, the phase."""

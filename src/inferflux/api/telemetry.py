@@ -70,8 +70,7 @@ class Telemetry:
     def on_step(self, worker_id: int, step: StepStats) -> None:
         """The exporter: one worker's `StepStats` → histograms, throughput, /debug phases."""
         self.meter.add(step.num_prompt_tokens, step.num_generated_tokens)
-        for admission in step.admitted:
-            self.tracker.on_admitted(admission.request_id, admission.queue_wait_s)
+        self._track(step)
         metrics = self.metrics
         if metrics is None:
             return
@@ -93,6 +92,13 @@ class Telemetry:
             metrics.observe_phases(p.priority, prefill_s, decode_s)
         if step.transfer_s:
             metrics.observe_transfers(step.transfer_s)
+
+    def _track(self, step: StepStats) -> None:
+        """The worker's admissions and finished requests' phases → /debug/requests."""
+        for admission in step.admitted:
+            self.tracker.on_admitted(admission.request_id, admission.queue_wait_s)
+        for phases in step.finished:
+            self.tracker.on_phases(phases)
 
     def shutdown(self) -> None:
         """Flush and stop the span exporter (idempotent)."""

@@ -264,32 +264,36 @@ class AcceptanceTracker:
             self.paused_until = num_output + self.probe_after
 
 
-TAIL_FROM = 8  # rows: past this many, each row adds `StepCost.tail_row`
-
-
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Cost of a decode step of `n` logits rows, in units of a one-row step: 1 for one
-    row; 1 + second_row + extra_row × (n - 2) up to TAIL_FROM rows; past that each row
-    adds tail_row (None: extra_row, a straight line). On 2 CPU cores a second row doubles
-    the step (the one-row path is a matrix-vector product) and each row after adds about
-    0.4 up to 8 rows (SmolLM2 135M and Gemma 3 270M); past 8 SmolLM2 stays at 0.40 while
-    Gemma's rows fall to about 0.26 (its 262k-token LM head gains from the wider matrix
-    product; bench/verify_rows.py, docs/speculative.md). A straight line from the 8-row
-    point priced a 33-row Gemma step 37% too high. On a GPU all are near 0."""
+    """Cost of a decode step of `n` logits rows, in units of a one-row step.
+
+    `table` (measured at worker start: engine/spec_cost.py) holds the cost of 1, 2, …
+    rows; past its end the cost grows by the mean per-row cost of its last four rows.
+    Without a table (configured costs): 1 for one row, else 1 + second_row + extra_row ×
+    (n - 2). Why a table and not a line: on these 2 CPU cores a second row doubles the
+    step (the one-row path is a matrix-vector product), and past that the cost is a
+    sawtooth, not a line. Gemma 3's Q4_K weights are multiplied 4 rows at a time and a
+    row count that is no multiple of 4 pays for its leftover rows one by one: 8 rows cost
+    3.7 one-row steps, 7 cost 5.3, 9 cost 5.0 (bench/verify_rows.py,
+    docs/speculative.md). SmolLM2's Q4_1 shows a milder saw. A draft sized so that the
+    step's rows are a multiple of 4 costs a third less than one a row shorter or longer.
+    On a GPU all rows are near free."""
 
     second_row: float = 1.0
     extra_row: float = 0.4
-    tail_row: float | None = None
+    table: tuple[float, ...] = ()  # cost of 1, 2, ... rows (measured); () = the line
 
     def __call__(self, n: int) -> float:
+        table = self.table
+        if table:
+            if n <= len(table):
+                return table[max(n, 1) - 1]
+            if len(table) > 4:
+                return table[-1] + (table[-1] - table[-5]) / 4 * (n - len(table))
         if n <= 1:
             return 1.0
-        head = 1.0 + self.second_row + self.extra_row * (min(n, TAIL_FROM) - 2)
-        if n <= TAIL_FROM:
-            return head
-        tail = self.extra_row if self.tail_row is None else self.tail_row
-        return head + tail * (n - TAIL_FROM)
+        return 1.0 + self.second_row + self.extra_row * (n - 2)
 
 
 def _per_position(rate: float | Sequence[float], k: int) -> Sequence[float]:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from inferflux.api.request_tracker import RequestTracker
-from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
+from inferflux.engine.messages import (
+    AddRequest,
+    FinishReason,
+    RequestDelta,
+    RequestPhases,
+    SamplingParams,
+)
 
 
 def add(rid: str) -> AddRequest:
@@ -34,6 +40,22 @@ def test_phases_follow_the_request() -> None:
     assert summary["num_output_tokens"] == 2 and summary["elapsed_s"] == 0.6
     assert [e["token_ids"] for e in tracked.detail(0.0)["trace"]] == [[1], [2]]
     assert all(e["text"] is None for e in tracked.detail(0.0)["trace"])
+
+
+def test_the_workers_phases_split_the_time_to_first_token() -> None:
+    tracker = RequestTracker(history=10, max_events=10, keep_text=False)
+    tracked = tracker.start(add("a"))
+    tracker.on_delta(tracked, token("a", 1, FinishReason.LENGTH), tracked.submitted_at + 0.5)
+    tracker.finish(tracked, tracked.submitted_at + 0.5)
+    summary = tracked.summary(0.0)
+    assert summary["engine_time_to_first_token_s"] is None  # the worker's stats come later
+    # worker clock: arrived at 10.0, first step at 10.1, first token at 10.4
+    tracker.on_phases(RequestPhases("a", "normal", 10.0, 10.1, 10.4, 10.4, 3, 0, 1, "length"))
+    tracker.on_phases(RequestPhases("ghost", "normal", 1.0, 1.0, 2.0, 2.0, 3, 0, 1, "length"))
+    summary = tracked.summary(0.0)
+    assert summary["engine_time_to_first_token_s"] == 0.4
+    assert summary["engine_prefill_s"] == 0.3
+    assert summary["time_to_first_token_s"] == 0.5  # 0.1 on the way and in this process
 
 
 def test_admission_of_an_unknown_or_late_request_is_ignored() -> None:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferflux.engine.spec_cost import cost_table
 from inferflux.engine.speculative import (
     AcceptanceTracker,
     MatchPrior,
@@ -120,14 +121,19 @@ def test_the_goodput_gate_drafts_only_when_it_pays() -> None:
     assert best_draft_length(0.3, 8, 1, 1.0, StepCost(0.0, 0.0))[0] == 8
 
 
-def test_rows_past_the_knee_cost_the_tail_rate() -> None:
-    cost = StepCost(second_row=1.0, extra_row=0.4, tail_row=0.25)
-    assert cost(8) == pytest.approx(1.0 + 1.0 + 0.4 * 6)
-    assert cost(32) == pytest.approx(cost(8) + 0.25 * 24)
-    assert StepCost(1.0, 0.4)(32) == pytest.approx(2.0 + 0.4 * 30)  # no tail: a line
-    # cheaper long drafts: at 0.95 a position the gate now drafts longer
-    linear = best_draft_length(0.95, 32, 1, 1.0, StepCost(1.0, 0.4))[0]
-    assert best_draft_length(0.95, 32, 1, 1.0, cost)[0] > linear
+def test_a_measured_table_prices_each_row_count_and_its_saw() -> None:
+    # Gemma 3 on 2 cores (bench/verify_rows.py): 8 rows cost less than 7 or 9
+    costs = {1: 1.0, 2: 1.99, 3: 2.56, 4: 2.96, 5: 4.23, 6: 4.60, 7: 5.30, 8: 3.67}
+    costs |= {16: 4.94, 32: 8.87}
+    table = cost_table(costs, 36)
+    cost = StepCost(table=table)
+    assert cost(7) == 5.30 and cost(8) == 3.67  # measured rows as measured
+    assert cost(12) == pytest.approx((3.67 + 4.94) / 2, abs=1e-3)  # between 8 and 16
+    assert cost(13) == pytest.approx(cost(12) + 4.23 - 2.96, abs=1e-3)  # one leftover row
+    assert cost(40) == pytest.approx(cost(36) + (cost(36) - cost(32)))  # past the table
+    # the gate sizes a sure draft so that the step's rows are a multiple of 4
+    assert best_draft_length(1.0, 9, 1, 1.0, cost)[0] == 7
+    assert StepCost(1.0, 0.4)(32) == pytest.approx(2.0 + 0.4 * 30)  # no table: a line
 
 
 def test_a_draft_whose_later_positions_are_likelier_is_drafted_longer() -> None:
