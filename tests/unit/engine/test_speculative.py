@@ -242,6 +242,23 @@ def test_a_short_match_is_drafted_once_it_proved_reliable() -> None:
     assert proposer.prior.seen[MatchPrior.bucket(3)] == 41  # it learns from its own drafts
 
 
+def test_a_request_whose_short_match_drafts_fail_stops_drafting_them() -> None:
+    # the worker learned that 3-token matches copy (other requests); this one chats
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=4, cost=StepCost(1.0, 0.4)))
+    proposer.prior = MatchPrior(explore_every=1000)
+    for _ in range(100):
+        proposer.prior.record(3, 1, 1)
+    chat = _request("chat", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    fresh = _request("fresh", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    proposer.register(chat, enabled=True)
+    proposer.register(fresh, enabled=True)
+    assert RequestId("chat") in proposer.propose([chat], 100)
+    for _ in range(4):
+        proposer.record(chat, 4, 0)  # its drafts miss at once
+    assert proposer.propose([chat], 100) == {}
+    assert RequestId("fresh") in proposer.propose([fresh], 100)  # the worker's rate holds
+
+
 def test_exploration_drafts_a_few_tokens_of_a_turned_down_match() -> None:
     proposer = NgramProposer(SpecConfig(max_draft_tokens=8))
     proposer.prior = MatchPrior(explore_every=2, explore_tokens=2)
