@@ -75,31 +75,40 @@ def main(argv: list[str] | None = None) -> int:
     n_ctx = args.context + max(widths) + 16
     config = ContextConfig(model.path, n_ctx, 1, 512, args.threads, args.threads, False)
     backend = LlamaCppBackend(config)
-    print(f"{os.path.basename(model.path)}, {args.threads} threads, context {args.context}")
-    print("| rows | decode ms | sampling ms | × one-row step | per row past the previous |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
     out = []
     for rows in widths:
         decode_s, sample_s = measure(backend, args.context, rows, args.repeats)
         out.append({"rows": rows, "decode_ms": decode_s * 1000, "sample_ms": sample_s * 1000})
-    one = out[0]["decode_ms"] + out[0]["sample_ms"]
-    previous: dict[str, float] | None = None
-    for row in out:
-        total = row["decode_ms"] + row["sample_ms"]
-        step = ""
-        if previous is not None:
-            before = previous["decode_ms"] + previous["sample_ms"]
-            step = f"{(total - before) / (row['rows'] - previous['rows']) / one:.2f}"
-        print(
-            f"| {row['rows']} | {row['decode_ms']:.1f} | {row['sample_ms']:.2f} "
-            f"| {total / one:.2f} | {step} |"
-        )
-        previous = row
     backend.close()
+    print(f"{os.path.basename(model.path)}, {args.threads} threads, context {args.context}")
+    print("\n".join(table(out)))
     if args.json is not None:
         report = {"model": model.path, "context": args.context, "rows": out}
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def table(out: list[dict[str, float]]) -> list[str]:
+    """Markdown: each step's decode and sampling ms, its cost in one-row steps, and what
+    each row past the previous width added."""
+    lines = [
+        "| rows | decode ms | sampling ms | × one-row step | per row past the previous |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    one = out[0]["decode_ms"] + out[0]["sample_ms"]
+    before: dict[str, float] | None = None
+    for row in out:
+        total = row["decode_ms"] + row["sample_ms"]
+        step = ""
+        if before is not None:
+            added = total - before["decode_ms"] - before["sample_ms"]
+            step = f"{added / (row['rows'] - before['rows']) / one:.2f}"
+        lines.append(
+            f"| {row['rows']:.0f} | {row['decode_ms']:.1f} | {row['sample_ms']:.2f} "
+            f"| {total / one:.2f} | {step} |"
+        )
+        before = row
+    return lines
 
 
 if __name__ == "__main__":
