@@ -724,7 +724,7 @@ def _spec_stats(speculator: NgramProposer | None) -> SpeculativeStats | None:
         chunks_accepted=c.chunks_accepted,
         drafted_tokens=c.drafted_tokens,
         accepted_tokens=c.accepted_tokens,
-        match_rates=[round(rate, 4) for rate in speculator.prior.rates],
+        match_rates=list(speculator.prior.rates),  # rounded by /server/stats
         match_seen=list(speculator.prior.seen),
     )
 

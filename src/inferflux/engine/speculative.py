@@ -344,14 +344,12 @@ class SpecConfig:
     max_batch: int = 4  # no speculation when this many sequences decode together
     probe_after: int = 64
     cost: StepCost | None = None  # None: measured at worker start (engine/spec_cost.py)
-    draft_model: str | None = None
+    draft_model: str | None = None  # a GGUF: draft-model mode (engine/spec_draft.py)
 
     @property
     def step_cost(self) -> StepCost:
-        """The gate's row costs: measured or configured, else the 2-core CPU table."""
-        return (
-            self.cost if self.cost is not None else StepCost()
-        )  # a GGUF: draft-model mode (engine/spec_draft.py)
+        """The gate's row costs: measured or configured, else the 2-core CPU line."""
+        return self.cost if self.cost is not None else StepCost()
 
 
 @dataclass(slots=True)
