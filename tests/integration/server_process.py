@@ -16,9 +16,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 INFERFLUX = str(Path(sys.executable).with_name("inferflux"))
 
@@ -118,6 +120,22 @@ class ServerProcess:
                 self.process.wait(timeout=10)
         if self._log is not subprocess.DEVNULL:
             self._log.close()
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str], log_path: Path, timeout_s: float = 180.0) -> Iterator[str]:
+    """A server with `env` for the block (its URL): a start that fails fails the test
+    with the end of its log; closed afterwards."""
+    server = ServerProcess(env=env, log_path=log_path)
+    try:
+        server.wait_ready(timeout_s)
+    except (RuntimeError, TimeoutError) as exc:
+        server.close()
+        pytest.fail(f"{exc}:\n{log_path.read_text(errors='replace')[-3000:]}")
+    try:
+        yield server.url
+    finally:
+        server.close()
 
 
 class RouterProcess(ServerProcess):

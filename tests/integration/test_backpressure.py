@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.server_process import ServerProcess
+from tests.integration.server_process import serving
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
@@ -27,14 +26,8 @@ ENV = {
 @pytest.fixture(scope="module")
 def one_slot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("backpressure") / "server.log"
-    server = ServerProcess(env=ENV, log_path=log)
-    try:
-        server.wait_ready(180)
-    except (RuntimeError, TimeoutError) as exc:
-        server.close()
-        pytest.fail(f"{exc}:\n{Path(log).read_text(errors='replace')[-3000:]}")
-    yield server.url
-    server.close()
+    with serving(ENV, log) as url:
+        yield url
 
 
 def completion(max_tokens: int) -> dict[str, object]:

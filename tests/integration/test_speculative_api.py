@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.server_process import ServerProcess
+from tests.integration.server_process import serving
 from tests.integration.test_metrics import samples
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
@@ -28,14 +28,8 @@ def spec_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "INFERFLUX_RUNTIME__SPECULATIVE_DECODING__SECOND_ROW_COST": "1.0",
         "INFERFLUX_RUNTIME__SPECULATIVE_DECODING__EXTRA_ROW_COST": "0.45",
     }
-    server = ServerProcess(env=env, log_path=log)
-    try:
-        server.wait_ready(180)
-    except (RuntimeError, TimeoutError) as exc:
-        server.close()
-        pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-3000:]}")
-    yield server.url
-    server.close()
+    with serving(env, log) as url:
+        yield url
 
 
 DOCUMENT = (

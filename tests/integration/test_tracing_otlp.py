@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.integration.conftest import SERVER_START_TIMEOUT_S
-from tests.integration.server_process import ServerProcess
+from tests.integration.server_process import serving
 
 pytestmark = [pytest.mark.model, pytest.mark.server]
 
@@ -134,17 +134,8 @@ def traced_server(receiver: _Receiver, tmp_path) -> Iterator[str]:
 
 
 def _serve(env: dict[str, str], tmp_path) -> Iterator[str]:
-    log = tmp_path / "server.log"
-    server = ServerProcess(env=env, log_path=log)
-    try:
-        server.wait_ready(SERVER_START_TIMEOUT_S)
-    except (RuntimeError, TimeoutError) as exc:
-        server.close()
-        pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-4000:]}")
-    try:
-        yield server.url
-    finally:
-        server.close()
+    with serving(env, tmp_path / "server.log", SERVER_START_TIMEOUT_S) as url:
+        yield url
 
 
 def _trace(receiver: _Receiver, names: set[str]) -> dict[str, ReceivedSpan]:
