@@ -321,3 +321,49 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
     assert max(uncapped) >= len(prompt) - 1  # one step took the whole prompt
     assert len(capped) >= 3 and max(capped) < len(prompt) // 2
     assert runs[2.0][1] == runs[0.0][1]  # the same answer
+
+
+def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """Step interruption on the real engine: while two streams decode, the step carrying a
+    long low-priority prompt is stopped part-way (a fake stands in for the worker loop's
+    socket check and reports one high-priority arrival), llama.cpp drops what the step
+    computed, the next step plans the same work again, and every answer is the one of a
+    run without the stop, token for token. Decode-only steps are never armed."""
+    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+    answers: dict[bool, dict[str, list[int]]] = {}
+    for stop in (False, True):
+        engine = make_core(smollm2_model_path, cache_slots=0)
+        asked: list[bool] = []
+        pending = [False]
+
+        def fake_socket_check(asked: list[bool] = asked, pending: list[bool] = pending) -> bool:
+            arrived, pending[0] = pending[0], False
+            asked.append(arrived)
+            return arrived
+
+        if stop:
+            engine.high_arrived = fake_socket_check
+        try:
+            for i in range(2):
+                submit(engine, tokenizer, f"s{i}", chat(f"Count to {20 + i}."), max_tokens=40,
+                       ignore_eos=True)  # fmt: skip
+            for _ in range(3):  # the two are decoding now
+                engine.step()
+            asked_before = len(asked)
+            for _ in range(3):
+                engine.step()
+            assert len(asked) == asked_before  # a decode-only step is not armed
+            submit(engine, tokenizer, "long", long_text, max_tokens=12, priority=Priority.LOW)
+            pending[0] = True
+            out = drain(engine)
+            answers[stop] = {rid: tokens(deltas) for rid, deltas in out.items()}
+            interrupts = engine.stats().fairness.interrupts
+        finally:
+            engine.close()
+        assert interrupts == (1 if stop else 0)
+        if stop:
+            assert asked.count(True) == 1
+    assert answers[True] == answers[False]
+    assert len(answers[True]["long"]) == 12

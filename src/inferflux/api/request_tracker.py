@@ -47,9 +47,10 @@ class TrackedRequest:
     num_cached_tokens: int = 0
     queue_wait_s: float | None = None
     first_token_s: float | None = None  # after submission
-    # the worker's view, once it finished (RequestPhases): from its arrival there, and
-    # from its first step, to its first token; the rest of first_token_s is transit and
-    # this process's own queueing (tokenizing is before submission)
+    # the worker's view, once it finished (RequestPhases): from its hand-off to the worker
+    # (AddRequest.sent_at: the step in flight then counts), and from its first step, to
+    # its first token; the rest of first_token_s is this process's own queueing
+    # (tokenizing is before submission)
     engine_first_token_s: float | None = None
     engine_prefill_s: float | None = None
     finished_s: float | None = None  # after submission

@@ -331,10 +331,24 @@ class FairnessSettings(_Section):
         ge=0,
         le=1_000_000,
         description="While high-priority requests have arrived in the last 30 s, a step "
-        "carries at most this many prompt tokens of other requests, so a high-priority "
-        "arrival waits for one short step at most (a step cannot be interrupted; a full "
-        "512-token chunk takes about a second on 2 CPU cores). High-priority prompts are "
-        "never capped. 0 = off.",
+        "carries at most this many prompt tokens of other requests: shorter steps lose "
+        "less when `interrupt_steps` stops one, and a high-priority arrival that comes "
+        "too late in a step to stop it waits less (a full 512-token chunk takes about a "
+        "second on 2 CPU cores). High-priority prompts are never capped. 0 = off.",
+    )
+    interrupt_steps: bool = Field(
+        True,
+        description="A step that carries prompt tokens of lower-priority requests stops "
+        "part-way when a high-priority request arrives, and is planned again with it: the "
+        "high-priority prompt does not wait for the rest of that step. What the stopped "
+        "step computed is lost (at most one step per high-priority arrival).",
+    )
+    high_prefill_alone: bool = Field(
+        True,
+        description="The step that gives a high-priority prompt its first token carries no "
+        "decode rows of lower-priority streams (they wait that one step), so its time is "
+        "that of the prompt alone. Earlier chunks of a long high-priority prompt still run "
+        "beside the streams.",
     )
 
 

@@ -287,7 +287,9 @@ class WorkerPoolClient:
         last = RequestDelta(request_id=request_id)
         output: list[int] = []  # what the worker's prefix cache keeps: prompt + output
         try:
-            await self._pool.send(worker, encode(request))
+            await self._pool.send(
+                worker, encode(msgspec.structs.replace(request, sent_at=time.time()))
+            )
             while True:
                 item = await queue.get()
                 if isinstance(item, Exception):

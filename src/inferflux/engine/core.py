@@ -11,12 +11,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import msgspec
 
-from inferflux.engine.backends.base import DecodeChunk, ModelBackend, SamplerHandle, SamplerSpec
+from inferflux.engine.backends.base import (
+    DecodeChunk,
+    ModelBackend,
+    SamplerHandle,
+    SamplerSpec,
+    StepInterrupted,
+)
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.image_prep import ImagePreparer, ImagePromptError, PreparedPrompt
@@ -40,6 +47,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.spec_verify import merge_deltas, verify_draft
 from inferflux.engine.speculative import NgramProposer
 from inferflux.engine.step_recorder import StepRecorder
+from inferflux.engine.step_stop import arm, arrival_at
 from inferflux.errors import (
     ConstraintFailed,
     ContextLengthExceeded,
@@ -137,6 +145,8 @@ class EngineCore:
         self.memory = MemoryWatch()
         self.role = role
         self.handoffs = Handoffs(channel) if channel is not None else None
+        # set by the worker loop: a HIGH request arrived in the step (engine/step_stop.py)
+        self.high_arrived: Callable[[], bool] | None = None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._deferred) or self._preparing()
@@ -176,6 +186,7 @@ class EngineCore:
             # Prompt logprobs need every prompt position computed.
             use_prefix_cache=message.sampling.prompt_logprobs is None,
             image_spans=prepared.image_spans if prepared else (),
+            arrival_at=arrival_at(message.sent_at),
         )
         problem = self._reject_reason(request)
         if problem is not None:
@@ -299,7 +310,15 @@ class EngineCore:
         if not chunks:
             return deltas
         self._recorder.on_scheduled(chunks, started_at)
-        deltas.extend(self._run_chunks(chunks, evicted=False))
+        armed = arm(self.backend, chunks, output.num_tokens, self.scheduler, self.high_arrived)
+        try:
+            deltas.extend(self._run_chunks(chunks, evicted=False))
+        except StepInterrupted:
+            self.scheduler.counters.interrupts += 1
+            return deltas  # nothing of the step is kept: the next one plans again
+        finally:
+            if armed:
+                self.backend.set_interrupt(None)
         self._stats.num_steps += 1
         self._recorder.on_step_done(chunks, output.num_tokens, started_at)
         # draft rows are decode-shaped rows (one logits row per token)
@@ -325,6 +344,10 @@ class EngineCore:
         decode_started = time.monotonic()
         try:
             rows = self.backend.decode(plan)
+        except StepInterrupted:
+            for chunk in chunks:
+                self._undo(chunk)
+            raise
         except EngineError as exc:
             self._stats.decode_failures += 1
             chunks = [c for c in chunks if self._undo(c)]
@@ -690,6 +713,7 @@ def _fairness_stats(scheduler: Scheduler) -> FairnessStats:
         resumes=c.resumes,
         timeouts=c.timeouts,
         tokens={p.name.lower(): n for p, n in c.tokens.items()},
+        interrupts=c.interrupts,
     )
 
 

@@ -144,6 +144,10 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     # disaggregated mode, decode worker: hydrate the prompt's KV from this ticket, then
     # decode (a refused ticket is logged and the prompt computed here instead)
     kv_ticket: KvTicket | None = None
+    # time.time() when the API process handed it to the worker's socket (0: unknown). The
+    # worker counts its queue wait from here, so the wait for the step in flight when it
+    # arrived (the worker reads its socket between steps) is queue wait too.
+    sent_at: float = 0.0
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -234,6 +238,8 @@ class FairnessStats(msgspec.Struct, kw_only=True):
     resumes: int = 0
     timeouts: int = 0  # queue timeouts (408)
     tokens: dict[str, int] = msgspec.field(default_factory=dict)  # generated, per priority
+    # steps stopped part-way for a high-priority arrival (scheduler.fairness.interrupt_steps)
+    interrupts: int = 0
 
 
 class PrefixCacheStats(msgspec.Struct, kw_only=True):

@@ -51,7 +51,9 @@ from inferflux.engine.messages import (
     AddRequest,
     EmbedRequest,
     EmbedResult,
+    EngineInput,
     EngineOutput,
+    Priority,
     Reconfigure,
     RequestDelta,
     SamplingParams,
@@ -221,6 +223,8 @@ def scheduling_policy(settings: SchedulerSettings) -> SchedulingPolicy:
         high_priority_threshold=PriorityClass[fairness.high_priority_threshold.upper()],
         max_timeslice_tokens=fairness.max_timeslice_tokens,
         high_traffic_chunk_tokens=fairness.high_traffic_chunk_tokens,
+        interrupt_steps=fairness.interrupt_steps,
+        high_prefill_alone=fairness.high_prefill_alone,
         itl_target_s=settings.itl_target_ms / 1000.0,
         itl_target_ratio=settings.itl_target_ratio,
         memory_low_bytes=settings.memory_low_mb * 1024 * 1024,
@@ -613,6 +617,9 @@ class _WorkerLoop:
         self._generated_at = -math.inf  # time.monotonic() of the last engine step
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
+        # messages read during a step (`_high_arrived`), applied before any newer one
+        self._early: list[EngineInput] = []
+        core.high_arrived = self._high_arrived
 
     def run(self) -> None:
         while True:
@@ -622,7 +629,8 @@ class _WorkerLoop:
             elif self.core.has_work():
                 timeout = math.ceil(self.core.wait_s() * 1000)
             deltas: list[RequestDelta] = []
-            if self.poller.poll(timeout) and self._drain_inputs(deltas):
+            ready = bool(self._early) or bool(self.poller.poll(timeout))
+            if ready and self._drain_inputs(deltas):
                 self._send(deltas)
                 return
             step_s = 0.0
@@ -663,14 +671,35 @@ class _WorkerLoop:
             outcomes = self.embeds.step()
         self._send_embeddings(outcomes)
 
-    def _drain_inputs(self, deltas: list[RequestDelta]) -> bool:
-        """Apply every queued message. Returns True on Shutdown (after aborting all)."""
+    def _high_arrived(self) -> bool:
+        """Asked during a step that may be interrupted (EngineCore): read what arrived
+        meanwhile (kept, in order, for `_drain_inputs`); True when it holds a new
+        high-priority request. Runs on this thread: llama.cpp calls its abort callback on
+        the thread that called llama_decode."""
+        high = False
         while True:
             try:
                 data = self.inputs.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return False
+                return high
             message = decode_input(data)
+            self._early.append(message)
+            high = high or (isinstance(message, AddRequest) and message.priority == Priority.HIGH)
+
+    def _next_input(self) -> EngineInput | None:
+        if self._early:
+            return self._early.pop(0)
+        try:
+            return decode_input(self.inputs.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return None
+
+    def _drain_inputs(self, deltas: list[RequestDelta]) -> bool:
+        """Apply every queued message. Returns True on Shutdown (after aborting all)."""
+        while True:
+            message = self._next_input()
+            if message is None:
+                return False
             if isinstance(message, AddRequest):
                 rejected = self.core.add_request(message)
                 deltas.extend(rejected)

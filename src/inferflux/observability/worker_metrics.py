@@ -32,6 +32,8 @@ class FairnessView(Protocol):
     @property
     def timeouts(self) -> int: ...
     @property
+    def interrupts(self) -> int: ...
+    @property
     def tokens(self) -> Mapping[str, int]: ...
 
 
@@ -275,6 +277,11 @@ def _fairness(f: list[FairnessView]) -> Iterator[Metric]:
         "inferflux_fairness_resumes",
         "Resumed requests after a fairness yield or preemption",
         sum(x.resumes for x in f),
+    )
+    yield counter(
+        "inferflux_fairness_interrupts",
+        "Engine steps stopped part-way for a high-priority arrival, then planned again",
+        sum(x.interrupts for x in f),
     )
     yield counter(
         "inferflux_queue_timeouts",

@@ -23,12 +23,13 @@ the whole budget.
 
 High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
 has left after the decodes. While HIGH-class requests keep arriving (one in the last
-`_HIGH_TRAFFIC_S`), the other prompts carry at most `high_traffic_chunk_tokens` a step:
-a step cannot be interrupted, and a HIGH arrival otherwise waits out a whole
-`max_batch_tokens` chunk (about a second on 2 cores) before its own step. While a HIGH
-prompt is being prefilled, or waits at the head of its queue and can be admitted, the
-other prompts carry no tokens, so the step that prefills it is as short as it can be and
-its first token comes one step after it arrives. A prompt that has aged to the HIGH
+`_HIGH_TRAFFIC_S`), the other prompts carry at most `high_traffic_chunk_tokens` a step,
+so a step that EngineCore stops for a HIGH arrival (`interrupt_steps`) loses less, and
+one it does not stop is shorter to wait out. While a HIGH prompt is being prefilled, or
+waits at the head of its queue and can be admitted, the other prompts carry no tokens,
+and with `high_prefill_alone` the step that ends it carries no decode rows of lower
+classes either: that step is as short as it can be, and its first token comes one step
+after it arrives (the streams wait that one step). A prompt that has aged to the HIGH
 class (below) does not stand aside, which keeps the starvation bound, but beside a HIGH
 prompt it carries only `_MIN_PROMPT_CHUNK` tokens a step: aged prompts rank ahead of a
 new HIGH one, and taking whole steps they made its first token wait (priority bench: a
@@ -108,8 +109,13 @@ class SchedulingPolicy:
     high_priority_threshold: PriorityClass = PriorityClass.HIGH
     max_timeslice_tokens: int = 128
     # > 0: while HIGH-class requests arrived in the last _HIGH_TRAFFIC_S, the other
-    # prompts carry at most this many tokens a step (a step cannot be interrupted).
+    # prompts carry at most this many tokens a step (shorter steps to stop or wait out).
     high_traffic_chunk_tokens: int = 128
+    # a step that carries other prompts' tokens is stopped part-way when a HIGH-class
+    # request arrives (EngineCore: it is planned again with that request)
+    interrupt_steps: bool = True
+    # the step that ends a HIGH-class prompt carries no decode rows of lower classes
+    high_prefill_alone: bool = True
     # > 0: while sequences decode, a step carries only the prompt tokens that keep its
     # expected time under this (stall-free batching); 0 = the whole token budget.
     itl_target_s: float = 0.0
@@ -153,6 +159,7 @@ class FairnessCounters:
     yields: int = 0
     resumes: int = 0
     timeouts: int = 0
+    interrupts: int = 0  # steps stopped part-way for a HIGH arrival (counted by EngineCore)
     tokens: dict[PriorityClass, int] = field(
         default_factory=lambda: dict.fromkeys(PriorityClass, 0)
     )
@@ -192,6 +199,10 @@ class Scheduler:
         self.lower_tiers: LowerTiers | None = None  # host/disk tiers (engine/kv_offload.py)
         self.draft_proposer: DraftProposer | None = None  # speculative decoding (drafts.py)
         self._high_seen_at = float("-inf")  # the latest HIGH-class arrival
+        self._stood_aside = False  # the last planned step stood lower-class streams aside
+        # the step just planned follows one that stood the streams aside: it must run
+        # whole (EngineCore does not stop it), so they decode at least every other step
+        self.after_aside = False
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -290,11 +301,16 @@ class Scheduler:
         preempted = self._make_room(now, kv_ops)
         budget = self.max_batch_tokens // 2 if self.memory_pressure else self.max_batch_tokens
         chunks: list[ScheduledChunk] = []
-        prefilling: list[Request] = []
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        high_first = self._high_first(prefilling)
+        alone = high_first and not self._stood_aside and self._high_prompt_ends(prefilling, budget)
+        self.after_aside, self._stood_aside = self._stood_aside, alone
         for request in self.running:
             if request.num_computed_tokens < request.num_prompt_tokens:
-                prefilling.append(request)
-            elif budget > 0:
+                continue
+            if alone and request.priority != PriorityClass.HIGH:
+                continue  # stands aside for the step that gives a HIGH prompt its first token
+            if budget > 0:
                 chunks.append(self._chunk(request, 1))
                 budget -= 1
         decoding = len(chunks)
@@ -302,7 +318,7 @@ class Scheduler:
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and now - self._high_seen_at < _HIGH_TRAFFIC_S:
             share = min(share, guard)
-        allowance = _PromptAllowance(budget, share, self._high_first(prefilling))
+        allowance = _PromptAllowance(budget, share, high_first)
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
         if self.draft_proposer is not None:
@@ -350,6 +366,18 @@ class Scheduler:
             return True
         queue = self.queues[PriorityClass.HIGH]
         return bool(queue) and self._can_admit(queue[0])
+
+    def _high_prompt_ends(self, prefilling: list[Request], budget: int) -> bool:
+        """With `high_prefill_alone`: whether this step can end a HIGH prompt (one being
+        prefilled, else the head of the HIGH queue), so its decode rows of lower classes
+        may stand aside. Only that step: a long HIGH prompt's earlier chunks run beside
+        the streams, so they wait one step per HIGH request at most."""
+        if not self.policy.high_prefill_alone:
+            return False
+        high = [r for r in prefilling if r.priority == PriorityClass.HIGH]
+        if not high and self.queues[PriorityClass.HIGH]:
+            high = [self.queues[PriorityClass.HIGH][0]]
+        return any(r.num_prompt_tokens - r.num_computed_tokens <= budget for r in high)
 
     def _prompt_share(self, decoding: int, prefilling: list[Request]) -> int:
         """Prompt tokens this step may carry: under an ITL target with sequences decoding,

@@ -32,6 +32,7 @@ OBS1 = {
     "inferflux_prefix_partial_hits": "counter",
     "inferflux_fairness_preemptions": "counter",
     "inferflux_fairness_yields": "counter",
+    "inferflux_fairness_interrupts": "counter",
     "inferflux_fairness_resumes": "counter",
     "inferflux_fairness_tokens": "counter",
     "inferflux_multimodal_images": "counter",

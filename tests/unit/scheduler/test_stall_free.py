@@ -118,14 +118,83 @@ def test_a_high_priority_arrival_pauses_a_long_low_priority_prefill_for_one_step
     high.priority = PriorityClass.HIGH
     sched.add(high)
     out = sched.schedule()
-    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [("high", 60)]
+    # the step that ends the high prompt carries nothing else: the four streams stand
+    # aside for it (high_prefill_alone)
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("high", 60)]
     assert out.chunks[-1].sample  # its first token comes from this very step
     complete(out)
-    out = sched.schedule()  # the high request decodes; the low prompt goes on, in small
-    # chunks while high-priority requests keep arriving (high_traffic_chunk_tokens)
+    out = sched.schedule()  # the streams and the high request decode; the low prompt goes
+    # on, in small chunks while high-priority requests keep arriving (high_traffic_chunk_tokens)
+    assert [len(c.token_ids) for c in out.chunks[:4]] == [1, 1, 1, 1]
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks[4:]] == [
         ("high", 1),
         ("low", 128),
+    ]
+
+
+def test_only_the_step_that_ends_a_long_high_priority_prompt_stands_the_streams_aside() -> None:
+    sched = _decoding_scheduler(0.0)
+    high = make_request("high", 700, max_tokens=4)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    out = sched.schedule()  # 700 tokens do not fit the step: the streams decode beside it
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        *((f"d{i}", 1) for i in range(4)),
+        ("high", 508),
+    ]
+    complete(out)
+    out = sched.schedule()  # the rest ends it: this step is its own
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("high", 192)]
+
+
+def test_high_priority_streams_keep_their_rows_in_another_high_prompts_step() -> None:
+    sched = _decoding_scheduler(0.0, n_decoding=2)
+    first = make_request("high-1", 8, max_tokens=50)
+    first.priority = PriorityClass.HIGH
+    sched.add(first)
+    complete(sched.schedule())  # high-1's step
+    complete(sched.schedule())  # high-1 decodes beside the streams
+    second = make_request("high-2", 30, max_tokens=4)
+    second.priority = PriorityClass.HIGH
+    sched.add(second)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("high-1", 1),
+        ("high-2", 30),
+    ]
+
+
+def test_the_streams_never_stand_aside_two_steps_in_a_row() -> None:
+    sched = _decoding_scheduler(0.0)
+    for name in ("high-1", "high-2"):
+        high = make_request(name, 30, max_tokens=4)
+        high.priority = PriorityClass.HIGH
+        sched.add(high)
+    out = sched.schedule()  # high-1's step is its own (high-2 waits: one HIGH prompt a step)
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("high-1", 30),
+        ("high-2", 30),
+    ]
+    assert not sched.after_aside
+    complete(out)
+    high = make_request("high-3", 30, max_tokens=4)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    out = sched.schedule()  # the streams waited the step before: they decode in this one
+    assert sched.after_aside  # and EngineCore does not stop it
+    assert [len(c.token_ids) for c in out.chunks[:4]] == [1, 1, 1, 1]
+
+
+def test_with_high_prefill_alone_off_the_streams_decode_beside_the_high_prompt() -> None:
+    sched = _decoding_scheduler(0.0)
+    sched.policy = SchedulingPolicy(high_prefill_alone=False)
+    high = make_request("high", 60, max_tokens=4)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    out = sched.schedule()
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        *((f"d{i}", 1) for i in range(4)),
+        ("high", 60),
     ]
 
 

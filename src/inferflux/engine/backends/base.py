@@ -7,6 +7,7 @@ the real backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,6 +70,12 @@ class SamplerHandle(Protocol):
     def close(self) -> None: ...
 
 
+class StepInterrupted(Exception):
+    """`decode` stopped before the end because the interrupt check said so
+    (`set_interrupt`). llama.cpp removed the positions of the batch it was computing; the
+    caller trims every chunk's sequence back to where the step began and plans again."""
+
+
 # One chunk of a step: (seq_id, token_ids, start_pos, n_logits). `n_logits` trailing
 # tokens of the chunk get logits: 0 none, 1 the last (to sample), len(token_ids) all
 # (prompt logprobs). A bool works too (True = 1).
@@ -100,7 +107,13 @@ class ModelBackend(Protocol):
     def decode(self, chunks: list[DecodeChunk]) -> list[int]:
         """One forward pass over every chunk; returns per chunk the row of its last
         token's logits (-1 where n_logits is 0); the chunk's other logits rows precede it.
-        Raises EngineError on failure."""
+        Raises EngineError on failure, StepInterrupted when the armed check stopped it."""
+        ...
+
+    def set_interrupt(self, check: Callable[[], bool] | None) -> None:
+        """Arm (`check`) or disarm (None) interruption of the decodes that follow: `check`
+        is called now and then during a decode, and True stops it (StepInterrupted).
+        A backend that cannot stop a decode ignores it."""
         ...
 
     def logprobs(self, row: int, token_ids: list[int], top_k: int) -> list[Logprob]:

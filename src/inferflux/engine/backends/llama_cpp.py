@@ -18,6 +18,7 @@ import math
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,7 +31,13 @@ import llama_cpp as ll  # isort: split
 import numpy as np
 from llguidance import LLTokenizer
 
-from inferflux.engine.backends.base import DecodeChunk, Logprob, SamplerHandle, SamplerSpec
+from inferflux.engine.backends.base import (
+    DecodeChunk,
+    Logprob,
+    SamplerHandle,
+    SamplerSpec,
+    StepInterrupted,
+)
 from inferflux.engine.backends.llama_cpp_sampler import LogitMasker, Sampler
 from inferflux.engine.backends.offload import GpuSupport, OffloadPlan
 from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_grammar
@@ -45,12 +52,23 @@ WritableBuffer = mmap.mmap | bytearray
 _LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 
 
+# What llama.cpp logs for every interrupted decode (ggml status 1 is "aborted", which only
+# `set_interrupt` causes) and the KV rollback of any stopped one: the engine counts and
+# reports these itself (inferflux_fairness_interrupts), so they are debug lines here.
+_STOPPED_STEP_LINES = (
+    b"removing memory module entries",
+    b"compute_async failed with error 1",
+    b"compute graph, compute status: 1",
+)
+
+
 def _log_to_python(level: int, text: bytes | None, _user_data: Any) -> None:  # Any: void*
     """Route llama.cpp's log lines into Python logging (debug unless a warning/error)."""
     if text:
-        logger.log(
-            _LOG_LEVELS.get(level, logging.DEBUG), "%s", text.decode("utf-8", "replace").rstrip()
-        )
+        log_level = _LOG_LEVELS.get(level, logging.DEBUG)
+        if any(line in text for line in _STOPPED_STEP_LINES):
+            log_level = logging.DEBUG
+        logger.log(log_level, "%s", text.decode("utf-8", "replace").rstrip())
 
 
 # Kept referenced for the process lifetime: llama.cpp holds the pointer.
@@ -127,11 +145,19 @@ def _within(rows: list[_Rows], limit: int) -> list[list[_Rows]]:
 
 
 def _check_decode(status: int, n_tokens: int) -> None:
+    if status == 2:  # the abort callback said stop (`set_interrupt`)
+        raise StepInterrupted(f"a step of {n_tokens} tokens was interrupted")
     if status == 1:
         raise KvCacheFull(f"no KV cache room for a batch of {n_tokens}")
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status}")
 
+
+# ggml_abort_callback: bool (*)(void * data); called with no arguments, the prototype
+# gives the NULL function pointer that disarms it
+_ABORT_CALLBACK_TYPE = ll.ggml_abort_callback
+_NO_ABORT_CALLBACK = _ABORT_CALLBACK_TYPE()
+_INTERRUPT_POLL_S = 0.002  # how often an armed decode asks its interrupt check
 
 _Rows = tuple[int, int, np.ndarray, bool]  # seq_id, start_pos, embedding rows, logits
 
@@ -366,6 +392,11 @@ class LlamaCppBackend:
         self.image_rows: Callable[[list[int]], np.ndarray] | None = None
         self.image_non_causal = False  # the vision model wants an image's rows bidirectional
         self.image_n_embd = 0  # the width of an embedding row (llama_model_n_embd_inp)
+        # set_interrupt: llama.cpp's CPU backend calls the abort callback between graph
+        # nodes (hundreds a decode), so it asks `check` at most every _INTERRUPT_POLL_S
+        self._interrupt: Callable[[], bool] | None = None
+        self._next_check = 0.0
+        self._abort_callback = _ABORT_CALLBACK_TYPE(self._should_abort)  # kept referenced
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
@@ -496,6 +527,34 @@ class LlamaCppBackend:
         text = [c for c, image in zip(chunks, is_image, strict=True) if not image]
         text_rows = iter(self._decode_tokens(text) if text else [])
         return [-1 if image else next(text_rows) for image in is_image]
+
+    def set_interrupt(self, check: Callable[[], bool] | None) -> None:
+        """Arm or disarm interruption of the next decodes (`ModelBackend.set_interrupt`).
+        Disarmed, llama.cpp calls nothing between nodes (no cost to the step)."""
+        if check is None:
+            if self._interrupt is not None:
+                ll.llama_set_abort_callback(self._ctx, _NO_ABORT_CALLBACK, None)
+            self._interrupt = None
+            return
+        if self._interrupt is None:
+            ll.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+        self._interrupt = check
+        self._next_check = time.perf_counter() + _INTERRUPT_POLL_S
+
+    def _should_abort(self, _data: Any) -> bool:  # Any: void*
+        """llama.cpp's abort callback, on the thread that called llama_decode."""
+        check = self._interrupt
+        if check is None:
+            return False
+        now = time.perf_counter()
+        if now < self._next_check:
+            return False
+        self._next_check = now + _INTERRUPT_POLL_S
+        try:
+            return check()
+        except Exception:  # an exception cannot cross into C: log it, finish the step
+            logger.exception("the step's interrupt check failed")
+            return False
 
     def _decode_tokens(self, chunks: list[DecodeChunk]) -> list[int]:
         rows = self._batch.fill(chunks)
