@@ -107,6 +107,15 @@ def drain(core: EngineCore) -> dict[str, list[RequestDelta]]:
     raise AssertionError("the engine did not finish")
 
 
+def start_streams(core: EngineCore, tokenizer: LlamaTokenizer, n: int, max_tokens: int) -> None:
+    """`n` greedy streams that ignore EOS, stepped until all of them decode."""
+    for i in range(n):
+        submit(core, tokenizer, f"s{i}", chat(f"Count to {20 + i}."), max_tokens=max_tokens,
+               ignore_eos=True)  # fmt: skip
+    for _ in range(n + 1):
+        core.step()
+
+
 def tokens(deltas: list[RequestDelta]) -> list[int]:
     return [t for d in deltas for t in d.token_ids]
 
@@ -304,11 +313,7 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
 
         engine.scheduler.observe_step = record  # type: ignore[method-assign]
         try:
-            for i in range(3):
-                submit(engine, tokenizer, f"s{i}", chat(f"Count to {20 + i}."), max_tokens=48,
-                       ignore_eos=True)  # fmt: skip
-            for _ in range(4):  # the three are decoding now
-                engine.step()
+            start_streams(engine, tokenizer, 3, max_tokens=48)
             steps.clear()
             prompt = submit(engine, tokenizer, "long", long_text, max_tokens=12)
             out = tokens(drain(engine)["long"])
@@ -346,11 +351,7 @@ def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
         if stop:
             engine.high_arrived = fake_socket_check
         try:
-            for i in range(2):
-                submit(engine, tokenizer, f"s{i}", chat(f"Count to {20 + i}."), max_tokens=40,
-                       ignore_eos=True)  # fmt: skip
-            for _ in range(3):  # the two are decoding now
-                engine.step()
+            start_streams(engine, tokenizer, 2, max_tokens=40)
             asked_before = len(asked)
             for _ in range(3):
                 engine.step()

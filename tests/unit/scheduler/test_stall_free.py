@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferflux.scheduler import Scheduler
+from inferflux.scheduler import RequestId, Scheduler
 from inferflux.scheduler.request import PriorityClass, Request
 from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
@@ -114,9 +114,7 @@ def test_a_high_priority_arrival_pauses_a_long_low_priority_prefill_for_one_step
     low.priority = PriorityClass.LOW
     sched.add(low)
     complete(sched.schedule())
-    high = make_request("high", 60, max_tokens=4)
-    high.priority = PriorityClass.HIGH
-    sched.add(high)
+    sched.add(_high("high", 60))
     out = sched.schedule()
     # the step that ends the high prompt carries nothing else: the four streams stand
     # aside for it (high_prefill_alone)
@@ -132,11 +130,16 @@ def test_a_high_priority_arrival_pauses_a_long_low_priority_prefill_for_one_step
     ]
 
 
+def _high(rid: str, n: int, max_tokens: int = 4) -> Request:
+    """A HIGH-class request with an `n`-token prompt."""
+    request = make_request(rid, n, max_tokens=max_tokens)
+    request.priority = PriorityClass.HIGH
+    return request
+
+
 def test_only_the_step_that_ends_a_long_high_priority_prompt_stands_the_streams_aside() -> None:
     sched = _decoding_scheduler(0.0)
-    high = make_request("high", 700, max_tokens=4)
-    high.priority = PriorityClass.HIGH
-    sched.add(high)
+    sched.add(_high("high", 700))
     out = sched.schedule()  # 700 tokens do not fit the step: the streams decode beside it
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         *((f"d{i}", 1) for i in range(4)),
@@ -149,14 +152,10 @@ def test_only_the_step_that_ends_a_long_high_priority_prompt_stands_the_streams_
 
 def test_high_priority_streams_keep_their_rows_in_another_high_prompts_step() -> None:
     sched = _decoding_scheduler(0.0, n_decoding=2)
-    first = make_request("high-1", 8, max_tokens=50)
-    first.priority = PriorityClass.HIGH
-    sched.add(first)
+    sched.add(_high("high-1", 8, max_tokens=50))
     complete(sched.schedule())  # high-1's step
     complete(sched.schedule())  # high-1 decodes beside the streams
-    second = make_request("high-2", 30, max_tokens=4)
-    second.priority = PriorityClass.HIGH
-    sched.add(second)
+    sched.add(_high("high-2", 30))
     out = sched.schedule()
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         ("high-1", 1),
@@ -167,19 +166,15 @@ def test_high_priority_streams_keep_their_rows_in_another_high_prompts_step() ->
 def test_the_streams_never_stand_aside_two_steps_in_a_row() -> None:
     sched = _decoding_scheduler(0.0)
     for name in ("high-1", "high-2"):
-        high = make_request(name, 30, max_tokens=4)
-        high.priority = PriorityClass.HIGH
-        sched.add(high)
-    out = sched.schedule()  # high-1's step is its own (high-2 waits: one HIGH prompt a step)
+        sched.add(_high(name, 30))
+    out = sched.schedule()  # both HIGH prompts end in this step, which is theirs alone
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         ("high-1", 30),
         ("high-2", 30),
     ]
     assert not sched.after_aside
     complete(out)
-    high = make_request("high-3", 30, max_tokens=4)
-    high.priority = PriorityClass.HIGH
-    sched.add(high)
+    sched.add(_high("high-3", 30))
     out = sched.schedule()  # the streams waited the step before: they decode in this one
     assert sched.after_aside  # and EngineCore does not stop it
     assert [len(c.token_ids) for c in out.chunks[:4]] == [1, 1, 1, 1]
@@ -188,9 +183,7 @@ def test_the_streams_never_stand_aside_two_steps_in_a_row() -> None:
 def test_with_high_prefill_alone_off_the_streams_decode_beside_the_high_prompt() -> None:
     sched = _decoding_scheduler(0.0)
     sched.policy = SchedulingPolicy(high_prefill_alone=False)
-    high = make_request("high", 60, max_tokens=4)
-    high.priority = PriorityClass.HIGH
-    sched.add(high)
+    sched.add(_high("high", 60))
     out = sched.schedule()
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         *((f"d{i}", 1) for i in range(4)),
@@ -209,11 +202,9 @@ def _after_a_high_request(policy: SchedulingPolicy) -> tuple[Scheduler, list[flo
         policy=policy,
         clock=lambda: now[0],
     )
-    high = make_request("high", 10, max_tokens=1)
-    high.priority = PriorityClass.HIGH
-    sched.add(high)
+    sched.add(_high("high", 10, max_tokens=1))
     complete(sched.schedule())
-    sched.finish(high.request_id)
+    sched.finish(RequestId("high"))
     low = make_request("low", 4000)
     low.priority = PriorityClass.LOW
     sched.add(low)
