@@ -27,6 +27,9 @@ DISAGGREGATED = {
     "INFERFLUX_SCHEDULER__MODE": "disaggregated",
     "INFERFLUX_SCHEDULER__PREFILL_POOL_SIZE": "1",
     "INFERFLUX_SCHEDULER__DECODE_POOL_SIZE": "1",
+    # the failover tests move four 1,300-token prefills onto the decode worker at once: on
+    # a slow 2-core VM the last waited 43 s in its queue, past the 30 s default (a 408)
+    "INFERFLUX_SCHEDULER__QUEUE_TIMEOUT_S": "300",
 }
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
 # about 1,300 tokens: a prefill of a second or more on these cores
