@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -618,7 +619,7 @@ class _WorkerLoop:
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
         # messages read during a step (`_high_arrived`), applied before any newer one
-        self._early: list[EngineInput] = []
+        self._early: deque[EngineInput] = deque()
         core.high_arrived = self._high_arrived
 
     def run(self) -> None:
@@ -677,22 +678,19 @@ class _WorkerLoop:
         high-priority request. Runs on this thread: llama.cpp calls its abort callback on
         the thread that called llama_decode."""
         high = False
-        while True:
-            try:
-                data = self.inputs.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return high
-            message = decode_input(data)
+        while (message := self._read_socket()) is not None:
             self._early.append(message)
             high = high or (isinstance(message, AddRequest) and message.priority == Priority.HIGH)
+        return high
 
-    def _next_input(self) -> EngineInput | None:
-        if self._early:
-            return self._early.pop(0)
+    def _read_socket(self) -> EngineInput | None:
         try:
             return decode_input(self.inputs.recv(zmq.NOBLOCK))
         except zmq.Again:
             return None
+
+    def _next_input(self) -> EngineInput | None:
+        return self._early.popleft() if self._early else self._read_socket()
 
     def _drain_inputs(self, deltas: list[RequestDelta]) -> bool:
         """Apply every queued message. Returns True on Shutdown (after aborting all)."""
