@@ -174,8 +174,10 @@ def run(args: Any) -> dict[str, Any]:
             step_s[rows] = decode_s + sample_s
         totals = dict.fromkeys(("prefill", "off", "ngram", "any", "off_measured"), 0.0)
         tokens = accepted_ngram = accepted_any = 0
+        generations = []
         for prompt in workload_prompts:
             gen = generate(backend, prompt, args.max_tokens)
+            generations.append({"prompt": gen.prompt, "output": gen.output})
             n = len(gen.output)
             tokens += n
             totals["prefill"] += gen.prefill_s
@@ -211,6 +213,12 @@ def run(args: Any) -> dict[str, Any]:
             "decode_bound_any_copy": round(totals["off"] / totals["any"], 3),
         }
         report["workloads"].append(row)
+        # what bench/spec_policy.py replays: the outputs and the measured step costs
+        report.setdefault("generations", {})[workload] = {
+            "step_s": {str(r): s for r, s in step_s.items()},
+            "prefill_s": prefill,
+            "outputs": generations,
+        }
         print(json.dumps(row), flush=True)
     backend.close()
     return report
