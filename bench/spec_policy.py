@@ -34,8 +34,8 @@ def replay_one(
     max_tokens: int,
     step_s: dict[int, float],
 ) -> dict[str, float]:
-    """One request alone: (decode seconds, steps, drafted, accepted) of its output after
-    the first token (which the prefill step gives)."""
+    """One request alone: the decode seconds, steps, drafted and accepted tokens of its
+    output after the first token (which the prefill step gives)."""
     request = Request(request_id, list(prompt), max_tokens)
     proposer.register(request, enabled=True)
     request.output_token_ids = output[:1]
