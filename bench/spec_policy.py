@@ -26,6 +26,11 @@ from inferflux.scheduler import Request
 from spec_bound import ngram_runs, oracle_cost
 
 
+def step_cost(step_s: dict[int, float]) -> StepCost:
+    """The gate's row costs from measured step times: each row count in one-row steps."""
+    return StepCost(table=tuple(step_s[r] / step_s[1] for r in sorted(step_s)))
+
+
 def replay_one(
     proposer: NgramProposer,
     request_id: str,
@@ -65,13 +70,12 @@ def replay(saved: dict[str, Any], passes: int, max_tokens: int) -> list[dict[str
     rows = []
     for workload, data in saved["generations"].items():
         step_s = {int(r): s for r, s in data["step_s"].items()}
-        one = step_s[1]
-        table = tuple(step_s[r] / one for r in sorted(step_s))
-        proposer = NgramProposer(SpecConfig(cost=StepCost(table=table)))
+        one, k_max = step_s[1], max(step_s) - 1
+        proposer = NgramProposer(SpecConfig(cost=step_cost(step_s)))
         oracle_s = oracle_steps = 0.0
         for gen in data["outputs"]:
-            runs = ngram_runs(gen["prompt"], gen["output"], max(step_s) - 1)[1:]
-            cost, steps = oracle_cost(runs, step_s, max(step_s) - 1)
+            runs = ngram_runs(gen["prompt"], gen["output"], k_max)[1:]
+            cost, steps = oracle_cost(runs, step_s, k_max)
             oracle_s += cost
             oracle_steps += steps
         totals: dict[str, float] = {}

@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
+from inferflux.engine.speculative import NgramProposer, SpecConfig
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 if str(BENCH) not in sys.path:
@@ -17,8 +17,7 @@ STEP_S = {rows: 0.01 * (1 + 0.25 * (rows - 1)) for rows in range(1, 34)}  # chea
 
 
 def _proposer() -> NgramProposer:
-    table = tuple(STEP_S[r] / STEP_S[1] for r in sorted(STEP_S))
-    return NgramProposer(SpecConfig(cost=StepCost(table=table)))
+    return NgramProposer(SpecConfig(cost=spec_policy.step_cost(STEP_S)))
 
 
 def test_a_copied_output_is_replayed_in_fewer_steps_than_tokens() -> None:
