@@ -338,17 +338,19 @@ class FairnessSettings(_Section):
     )
     interrupt_steps: bool = Field(
         True,
-        description="A step that carries prompt tokens of lower-priority requests stops "
-        "part-way when a high-priority request arrives, and is planned again with it: the "
-        "high-priority prompt does not wait for the rest of that step. What the stopped "
-        "step computed is lost (at most one step per high-priority arrival).",
+        description="A step of lower-priority requests stops part-way when a "
+        "high-priority request arrives, and is planned again with it: the high-priority "
+        "prompt does not wait for the rest of that step. Steps carrying prompt tokens are "
+        "stoppable always; steps that only decode, while high-priority requests have "
+        "arrived in the last 30 s. What the stopped step computed is lost (at most one "
+        "step per high-priority arrival).",
     )
     high_prefill_alone: bool = Field(
         True,
-        description="The step that gives a high-priority prompt its first token carries no "
-        "decode rows of lower-priority streams (they wait that one step), so its time is "
-        "that of the prompt alone. Earlier chunks of a long high-priority prompt still run "
-        "beside the streams.",
+        description="The step that gives a high-priority prompt its first token carries "
+        "nothing of lower-priority requests, decode rows or prompt chunks (they wait that "
+        "one step), so its time is that of the prompt alone. Earlier chunks of a long "
+        "high-priority prompt still run beside the streams.",
     )
 
 

@@ -2,9 +2,10 @@
 
 A worker reads new requests between steps (engine/worker.py), so one that arrives during
 a step waits for the rest of it: on 2 CPU cores a step with 16 decode rows and a
-128-token prompt chunk takes most of a second. With `scheduler.fairness.interrupt_steps`
-EngineCore arms such a step (`ModelBackend.set_interrupt`): llama.cpp's CPU backend calls
-the check between graph operations, the worker loop reads its socket from it, and a new
+128-token prompt chunk takes most of a second, 16 decode rows alone 0.2 s. With
+`scheduler.fairness.interrupt_steps` EngineCore arms such a step
+(`ModelBackend.set_interrupt`): llama.cpp's CPU backend calls the check between graph
+operations, the worker loop reads its socket from it, and a new
 high-priority request stops the step (`StepInterrupted`); the sequences are trimmed to
 where it began and the next step is planned with that request (docs/scheduling.md).
 
@@ -38,11 +39,15 @@ def arrival_at(sent_at: float) -> float:
 
 
 def can_stop(chunks: list[ScheduledChunk], scheduler: Scheduler) -> bool:
-    """Whether a HIGH-priority arrival may stop this step: it carries prompt tokens (the
-    long steps, up to `max_batch_tokens` of them), no draft (a draft model's proposer has
-    advanced its own context) and none of a HIGH-class request, and it does not follow a
-    step the streams stood aside for (`Scheduler.after_aside`: they decode at least
-    every other step). Decode-only steps are short and carry the same rows as the next."""
+    """Whether a HIGH-priority arrival may stop this step: it carries no draft (a draft
+    model's proposer has advanced its own context) and nothing of a HIGH-class request,
+    it does not follow a step the streams stood aside for (`Scheduler.after_aside`: they
+    decode at least every other step), and it carries prompt tokens (the long steps, up
+    to `max_batch_tokens` of them) or HIGH-class requests arrived lately
+    (`Scheduler.high_traffic`). A decode-only step is stopped only then: 16 rows take
+    0.2 s on 2 cores, the wait of a third of the slowest arrivals (priority bench), but
+    an armed step calls into Python between graph nodes, too dear for a short step when
+    no arrival can use it."""
     if not scheduler.policy.interrupt_steps or scheduler.after_aside:
         return False
     prompt = False
@@ -50,7 +55,7 @@ def can_stop(chunks: list[ScheduledChunk], scheduler: Scheduler) -> bool:
         if chunk.request.priority == PriorityClass.HIGH or chunk.draft_token_ids:
             return False
         prompt = prompt or len(chunk.token_ids) > 1
-    return prompt
+    return prompt or scheduler.high_traffic
 
 
 def stop_check(

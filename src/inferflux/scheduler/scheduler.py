@@ -27,13 +27,14 @@ has left after the decodes. While HIGH-class requests keep arriving (one in the 
 so a step that EngineCore stops for a HIGH arrival (`interrupt_steps`) loses less, and
 one it does not stop is shorter to wait out. While a HIGH prompt is being prefilled, or
 waits at the head of its queue and can be admitted, the other prompts carry no tokens,
-and with `high_prefill_alone` the step that ends it carries no decode rows of lower
-classes either: that step is as short as it can be, and its first token comes one step
-after it arrives (the streams wait that one step). A prompt that has aged to the HIGH
-class (below) does not stand aside, which keeps the starvation bound, but beside a HIGH
-prompt it carries only `_MIN_PROMPT_CHUNK` tokens a step: aged prompts rank ahead of a
-new HIGH one, and taking whole steps they made its first token wait (priority bench: a
-high request admitted at once, its first token after 0.77 s).
+and with `high_prefill_alone` the step that ends it carries nothing of lower classes
+either, decode rows or prompt chunks: that step is as short as it can be, and its first
+token comes one step after it arrives (the streams wait that one step). A prompt that
+has aged to the HIGH class (below) does not stand aside in the other steps, which keeps
+the starvation bound, but beside a HIGH prompt it carries only `_MIN_PROMPT_CHUNK`
+tokens a step: aged prompts rank ahead of a new HIGH one, and taking whole steps they
+made its first token wait (priority bench: a high request admitted at once, its first
+token after 0.77 s).
 
 Admission order. The head of each class queue competes on (effective class, arrival),
 where a request's effective class drops by one for every `aging_s` it has waited. So a
@@ -130,18 +131,21 @@ class SchedulingPolicy:
 @dataclass(slots=True)
 class _PromptAllowance:
     """The prompt tokens one step may still carry: all of the remaining budget for a
-    HIGH-class prompt; while `high_first`, none for a prompt below the HIGH class (`rank`,
-    aging included) and `_MIN_PROMPT_CHUNK` for one aged to it; else up to `share` in
-    all."""
+    HIGH-class prompt; in a step that ends a HIGH prompt (`alone`), none for any other;
+    while `high_first`, none for a prompt below the HIGH class (`rank`, aging included)
+    and `_MIN_PROMPT_CHUNK` for one aged to it; else up to `share` in all."""
 
     budget: int
     share: int
     high_first: bool = False  # a HIGH prompt is prefilling or about to be admitted
+    alone: bool = False  # the step ends a HIGH prompt: lower classes stand aside
     taken: int = 0
 
     def limit(self, request: Request, rank: int) -> int:
         if request.priority == PriorityClass.HIGH:
             return max(0, self.budget - self.taken)
+        if self.alone:
+            return 0
         if self.high_first:  # aged to HIGH: it keeps progressing, but in small chunks
             small = min(self.budget - self.taken, _MIN_PROMPT_CHUNK)
             return 0 if rank > PriorityClass.HIGH else max(0, small)
@@ -318,7 +322,7 @@ class Scheduler:
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and now - self._high_seen_at < _HIGH_TRAFFIC_S:
             share = min(share, guard)
-        allowance = _PromptAllowance(budget, share, high_first)
+        allowance = _PromptAllowance(budget, share, high_first, alone)
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
         budget -= allowance.taken
         if self.draft_proposer is not None:
@@ -332,6 +336,11 @@ class Scheduler:
             timed_out=timed_out,
             preempted=preempted,
         )
+
+    @property
+    def high_traffic(self) -> bool:
+        """A HIGH-class request arrived in the last `_HIGH_TRAFFIC_S`."""
+        return self.clock() - self._high_seen_at < _HIGH_TRAFFIC_S
 
     def observe_step(self, decoding: int, tokens: int, seconds: float) -> None:
         """A finished step's wall time: `decoding` one-token rows, `tokens` others."""
@@ -350,6 +359,10 @@ class Scheduler:
                 allowance.take(len(chunks[-1].token_ids))
         while True:
             head = self._next_waiting(now)
+            if allowance.alone and head is not None and head.priority != PriorityClass.HIGH:
+                # an aged head waits this one step too: the HIGH one behind it is admitted
+                high = self.queues[PriorityClass.HIGH]
+                head = high[0] if high else None
             if head is None or not self._can_admit(head):
                 break
             limit = allowance.limit(head, self._rank(head, now)[0])

@@ -59,7 +59,32 @@ def test_a_step_with_a_lower_priority_prompt_may_be_stopped() -> None:
     assert not can_stop(out.chunks, sched)
 
 
-def test_decode_only_and_high_priority_steps_are_never_stopped() -> None:
+def test_decode_only_steps_are_stopped_only_while_high_priority_requests_arrive() -> None:
+    now = [0.0]
+    sched = Scheduler(max_num_seqs=8, max_batch_tokens=256, kv_capacity=None, clock=lambda: now[0])
+    for i in range(2):
+        sched.add(make_request(f"d{i}", 4, max_tokens=100))
+    complete(sched.schedule())
+    out = sched.schedule()  # the two decode; no high-priority request came yet
+    assert [len(c.token_ids) for c in out.chunks] == [1, 1]
+    assert not can_stop(out.chunks, sched)
+    complete(out)
+    high = make_request("high", 3, max_tokens=1)
+    high.priority = PriorityClass.HIGH
+    sched.add(high)
+    complete(sched.schedule())  # its step, alone
+    sched.finish(high.request_id)
+    complete(sched.schedule())  # the streams' step after it: never stopped
+    out = sched.schedule()  # the two decode again, and a high-priority request came lately
+    assert [c.request.request_id for c in out.chunks] == ["d0", "d1"]
+    assert can_stop(out.chunks, sched)
+    complete(out)
+    now[0] += 31  # none for 30 s: decode-only steps are not armed any more
+    out = sched.schedule()
+    assert not can_stop(out.chunks, sched)
+
+
+def test_quiet_decode_only_and_high_priority_steps_are_never_stopped() -> None:
     sched = _steps()
     complete(sched.schedule())
     out = sched.schedule()  # the three decode

@@ -222,9 +222,12 @@ def test_other_prompts_take_whole_steps_again_once_high_traffic_stops() -> None:
     assert [len(c.token_ids) for c in sched.schedule().chunks] == [512]  # off
 
 
-def _aged_low_then_high(*, admit_low: bool) -> tuple[Scheduler, list[float], Request]:
+def _aged_low_then_high(
+    *, admit_low: bool, n_high: int = 100
+) -> tuple[Scheduler, list[float], Request]:
     """A 2000-token LOW prompt that arrived at t = 0 (admitted at once with `admit_low`),
-    then at t = 2.5, when it ranks as HIGH by two aging periods, a 100-token HIGH one."""
+    then at t = 2.5, when it ranks as HIGH by two aging periods, an `n_high`-token HIGH
+    one."""
     now = [0.0]
     sched = Scheduler(
         max_num_seqs=8,
@@ -240,7 +243,7 @@ def _aged_low_then_high(*, admit_low: bool) -> tuple[Scheduler, list[float], Req
     if admit_low:
         complete(sched.schedule())
     now[0] = 2.5
-    high = make_request("high", 100)
+    high = make_request("high", n_high)
     high.priority = PriorityClass.HIGH
     high.arrival_at = now[0]
     sched.add(high)
@@ -248,13 +251,17 @@ def _aged_low_then_high(*, admit_low: bool) -> tuple[Scheduler, list[float], Req
 
 
 def test_a_prompt_aged_to_the_high_class_progresses_in_small_chunks_beside_a_high_one() -> None:
-    sched, now, high = _aged_low_then_high(admit_low=True)
+    sched, now, high = _aged_low_then_high(admit_low=True, n_high=700)
     out = sched.schedule()
     # it does not stand aside (the starvation bound), but the high prompt takes the step
     assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
         ("low", 16),
-        ("high", 100),
+        ("high", 496),
     ]
+    complete(out)
+    out = sched.schedule()
+    # the step that ends the high prompt is its own (high_prefill_alone)
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("high", 204)]
     complete(out)
     sched.finish(high.request_id)
     now[0] += 31  # alone again, and no high-priority arrival for 30 s: the whole budget
@@ -355,11 +362,15 @@ def test_memory_pressure_halves_the_step_budget_and_admissions() -> None:
     assert sched.num_running == 4
 
 
-def test_an_aged_waiting_prompt_admitted_ahead_of_a_high_one_leaves_it_the_step() -> None:
+def test_an_aged_waiting_prompt_waits_the_step_that_ends_a_high_one() -> None:
     sched, _, _ = _aged_low_then_high(admit_low=False)  # "low" waited: it ranks first
     out = sched.schedule()
-    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
-        ("low", 16),
-        ("high", 100),
-    ]
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [("high", 100)]
     assert out.chunks[-1].sample  # the high request's first token comes from this step
+    complete(out)
+    out = sched.schedule()  # the aged prompt is admitted in the very next step, with the
+    # chunk a prompt gets while high-priority requests keep arriving
+    assert [(c.request.request_id, len(c.token_ids)) for c in out.chunks] == [
+        ("high", 1),
+        ("low", 128),
+    ]
