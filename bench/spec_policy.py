@@ -9,6 +9,9 @@ differs from the saved output (greedy verification), and the step costs the meas
 time of its rows. Like a worker, one proposer serves all of a workload's prompts, and the
 workload runs `--passes` times (the rates it learns carry over); the last pass is
 reported. Prefill and server overhead are left out: the figures are the decode steps'.
+Where the gate drafts nothing though the prompt lookup has a match, the report counts,
+per match length, how often that match's first token would have held
+(`declined_first_held`: what the gate could not know).
 
     .venv/bin/python bench/spec_policy.py /tmp/gemma_bound.json
 """
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
+from inferflux.engine.speculative import NgramIndex, NgramProposer, SpecConfig, StepCost
 from inferflux.scheduler import Request
 from spec_bound import ngram_runs, oracle_cost
 
@@ -38,19 +41,30 @@ def replay_one(
     output: list[int],
     max_tokens: int,
     step_s: dict[int, float],
+    declined: dict[int, list[int]] | None = None,
 ) -> dict[str, float]:
     """One request alone: the decode seconds, steps, drafted and accepted tokens of its
-    output after the first token (which the prefill step gives)."""
+    output after the first token (which the prefill step gives). With `declined`, adds
+    to it, per match length, [first token held, tries] of the lookups the gate declined."""
     request = Request(request_id, list(prompt), max_tokens)
     proposer.register(request, enabled=True)
     request.output_token_ids = output[:1]
+    lookup = NgramIndex()  # the proposer's lookup, outside it: what the gate turned down
+    lookup.extend(prompt)
     seconds, steps, drafted, accepted = 0.0, 0, 0, 0
     t, n = 1, len(output)
     top = max(step_s)
     while t < n:
+        room = max_tokens - len(request.output_token_ids) - 1  # the last token: none
         draft = proposer.propose([request], budget=4096).get(request_id, [])
-        draft = draft[: max(max_tokens - len(request.output_token_ids) - 1, 0)]
-        draft = draft[: top - 1]
+        draft = draft[: min(max(room, 0), top - 1)]
+        if not draft and declined is not None and room > 0:
+            lookup.extend(output[len(lookup.tokens) - len(prompt) : t])
+            candidate, length = lookup.propose_matched(1)
+            if candidate:
+                counts = declined.setdefault(length, [0, 0])
+                counts[0] += candidate[0] == output[t]
+                counts[1] += 1
         hit = 0
         while hit < len(draft) and t + hit < n and draft[hit] == output[t + hit]:
             hit += 1
@@ -79,11 +93,13 @@ def replay(saved: dict[str, Any], passes: int, max_tokens: int) -> list[dict[str
             oracle_s += cost
             oracle_steps += steps
         totals: dict[str, float] = {}
+        declined: dict[int, list[int]] = {}
         for _ in range(passes):
             totals = dict.fromkeys(("seconds", "steps", "drafted", "accepted", "off"), 0.0)
+            declined = {}
             for i, gen in enumerate(data["outputs"]):
                 out = replay_one(
-                    proposer, f"r{i}", gen["prompt"], gen["output"], max_tokens, step_s
+                    proposer, f"r{i}", gen["prompt"], gen["output"], max_tokens, step_s, declined
                 )
                 for key, value in out.items():
                     totals[key] += value
@@ -101,6 +117,8 @@ def replay(saved: dict[str, Any], passes: int, max_tokens: int) -> list[dict[str
                 "steps": int(totals["steps"]),
                 "drafted": int(totals["drafted"]),
                 "accepted": int(totals["accepted"]),
+                # match length: [first token held, tries] where the gate drafted nothing
+                "declined_first_held": {str(k): declined[k] for k in sorted(declined)},
             }
         )
     return rows

@@ -51,3 +51,15 @@ def test_replay_reports_the_policy_beside_the_oracle() -> None:
     (row,) = spec_policy.replay(saved, passes=2, max_tokens=64)
     assert row["workload"] == "edit"
     assert 1.0 < row["decode_speedup"] <= row["oracle_speedup"]  # no policy beats the oracle
+
+
+def test_a_declined_lookup_is_counted_with_whether_its_first_token_held() -> None:
+    prompt = [1, 2, 4, 9, 1, 2, 3]  # "1 2" is followed by 4, then (the latest) by 3
+    output = [1, 2, 3, 8]  # after "1 2" the output goes on with 3: that lookup held
+    declined: dict[int, list[int]] = {}
+    never = NgramProposer(SpecConfig(cost=spec_policy.step_cost(STEP_S), max_batch=0))
+    out = spec_policy.replay_one(never, "r", prompt, output, 64, STEP_S, declined)
+    assert out["drafted"] == 0  # max_batch 0: the gate drafts nothing, ever
+    # the lookups it turned down, by match length: [first token held, tries]
+    assert sum(c[0] for c in declined.values()) == 1  # "1 2" -> 3
+    assert sum(c[1] for c in declined.values()) == 2  # and "1 2 3" -> 1, not 8

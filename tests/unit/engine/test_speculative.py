@@ -279,3 +279,30 @@ def test_a_stall_free_bound_shortens_drafts_to_the_step_cost_it_allows() -> None
     assert proposer.propose([r], 100, max_cost=3.0) == {RequestId("r"): [30, 31, 32]}
     assert proposer.propose([r], 100, max_cost=1.9) == {}  # not even a second row
     assert proposer.propose([r], 100, max_cost=1.0) == {}
+
+
+def test_a_paused_request_that_copies_again_drafts_before_the_probe() -> None:
+    source = list(range(100, 140))
+    r = _request("r", [*source, 1, 2])
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=4, cost=StepCost(0.0, 0.0)))
+    proposer.register(r, enabled=True)
+    for _ in range(4):  # four drafts missed at once: under min_acceptance, paused
+        proposer.record(r, 4, 0)
+    r.output_token_ids = [100, 101, 102]  # a 3-token match may be chance: still paused
+    assert proposer.propose([r], 100) == {}
+    r.output_token_ids = source[:10]  # 10 tokens copied: the pause ends at once
+    assert proposer.propose([r], 100) == {RequestId("r"): [110, 111, 112, 113]}
+    proposer.record(r, 4, 4)
+    r.output_token_ids = source[:15]
+    assert proposer.propose([r], 100) == {RequestId("r"): [115, 116, 117, 118]}  # a probe
+
+
+def test_a_paused_request_that_does_not_copy_stays_paused() -> None:
+    r = _request("r", [*range(100, 140), 1, 2])
+    proposer = NgramProposer(SpecConfig(max_draft_tokens=4, cost=StepCost(0.0, 0.0)))
+    proposer.register(r, enabled=True)
+    for _ in range(4):
+        proposer.record(r, 4, 0)
+    for n in range(1, 40):  # free text: nothing of the prompt, nothing drafted
+        r.output_token_ids = list(range(500, 500 + n))
+        assert proposer.propose([r], 100) == {}
