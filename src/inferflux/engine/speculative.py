@@ -244,10 +244,14 @@ class AcceptanceTracker:
     def active(self, num_output: int) -> bool:
         if num_output < self.paused_until:
             return False
-        if self.paused_until >= 0:  # a probe: start over
-            self.paused_until, self.rate, self.num_seen = -1, self.prior, 0
-            self.seen_at = num_output
+        if self.paused_until >= 0:  # the pause ran out
+            self.probe(num_output)
         return True
+
+    def probe(self, num_output: int) -> None:
+        """End a pause now and start over with the prior (a probe)."""
+        self.paused_until, self.rate, self.num_seen = -1, self.prior, 0
+        self.seen_at = num_output
 
     def _observe(self, hit: bool) -> None:
         self.rate = self.decay * self.rate + (1.0 - self.decay) * float(hit)
@@ -445,8 +449,7 @@ class NgramProposer:
                 _sync(state.index, request)
                 if state.index.propose_matched(1)[1] < SHORT_MATCH:
                     continue
-                tracker.paused_until = num_output  # probe now (`active` starts over)
-                tracker.active(num_output)
+                tracker.probe(num_output)
             active.append((request, state))
         return active
 

@@ -45,9 +45,9 @@ def can_stop(chunks: list[ScheduledChunk], scheduler: Scheduler) -> bool:
     decode at least every other step), and it carries prompt tokens (the long steps, up
     to `max_batch_tokens` of them) or HIGH-class requests arrived lately
     (`Scheduler.high_traffic`). A decode-only step is stopped only then: 16 rows take
-    0.2 s on 2 cores, the wait of a third of the slowest arrivals (priority bench), but
-    an armed step calls into Python between graph nodes, too dear for a short step when
-    no arrival can use it."""
+    0.2 s on 2 cores, the wait of a third of the slowest arrivals (priority bench). The
+    condition is a precaution, not a measured need: arming every step of an in-process
+    engine cost nothing measurable at c = 1 or 8 (BENCHMARKS.md, tenth session)."""
     if not scheduler.policy.interrupt_steps or scheduler.after_aside:
         return False
     prompt = False

@@ -320,7 +320,7 @@ class Scheduler:
         decoding = len(chunks)
         share = self._prompt_share(decoding, prefilling)
         guard = self.policy.high_traffic_chunk_tokens
-        if guard > 0 and now - self._high_seen_at < _HIGH_TRAFFIC_S:
+        if guard > 0 and self._high_traffic_at(now):
             share = min(share, guard)
         allowance = _PromptAllowance(budget, share, high_first, alone)
         chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
@@ -340,7 +340,10 @@ class Scheduler:
     @property
     def high_traffic(self) -> bool:
         """A HIGH-class request arrived in the last `_HIGH_TRAFFIC_S`."""
-        return self.clock() - self._high_seen_at < _HIGH_TRAFFIC_S
+        return self._high_traffic_at(self.clock())
+
+    def _high_traffic_at(self, now: float) -> bool:
+        return now - self._high_seen_at < _HIGH_TRAFFIC_S
 
     def observe_step(self, decoding: int, tokens: int, seconds: float) -> None:
         """A finished step's wall time: `decoding` one-token rows, `tokens` others."""
