@@ -29,6 +29,7 @@ LIVE_KEYS: frozenset[str] = frozenset(
         "scheduler.batch_window_ms",
         "scheduler.itl_target_ms",
         "scheduler.itl_target_ratio",
+        "scheduler.burst_stall_ms",
         "scheduler.memory_low_mb",
         "scheduler.stream_interval",
         "scheduler.embed_tokens_per_step",

@@ -442,6 +442,19 @@ class SchedulerSettings(_Section):
         "with both set the larger target applies. 0 = off; else at least 1.",
     )
 
+    burst_stall_ms: float = Field(
+        10_000.0,
+        ge=0,
+        le=600_000,
+        description="Prompt bursts: while prompts are being prefilled (and no stall-free "
+        "target is set), the decoding streams below high priority stand aside for up to "
+        "this many ms, so each stream pauses once per burst of arriving prompts instead "
+        "of once per prompt step; and a step ends where a prompt ends, shortest prompt "
+        "first, when the measured per-step cost makes the earlier first token worth it. "
+        "Past this long the streams get a token, and the pause may begin again. 0 = off "
+        "(every step carries one token of every stream).",
+    )
+
     @field_validator("itl_target_ratio")
     @classmethod
     def _ratio_off_or_at_least_one(cls, value: float) -> float:

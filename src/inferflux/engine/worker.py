@@ -228,6 +228,7 @@ def scheduling_policy(settings: SchedulerSettings) -> SchedulingPolicy:
         high_prefill_alone=fairness.high_prefill_alone,
         itl_target_s=settings.itl_target_ms / 1000.0,
         itl_target_ratio=settings.itl_target_ratio,
+        burst_stall_s=settings.burst_stall_ms / 1000.0,
         memory_low_bytes=settings.memory_low_mb * 1024 * 1024,
     )
 

@@ -21,6 +21,14 @@ stream for one long step (Sarathi-Serve's stall-free batching). Prompts still pr
 by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt takes
 the whole budget.
 
+Prompt bursts. With `burst_stall_s` and no stall-free target, the streams below the HIGH
+class stand aside while prompts are prefilled (up to `burst_stall_s`), so each pauses once
+per burst of arrivals instead of once per prompt step: the same delay in fewer, longer
+gaps. A burst's first step admits every waiting request that fits (in rank order); its
+prompts go shortest first (one that waited `aging_s` goes first, by arrival), and a step
+ends where a prompt ends when `StepCostModel.split_pays` (the first token earlier against
+a step's fixed cost for each prompt after it).
+
 High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
 has left after the decodes. While HIGH-class requests keep arriving (one in the last
 `_HIGH_TRAFFIC_S`), the other prompts carry at most `high_traffic_chunk_tokens` a step,
@@ -123,6 +131,12 @@ class SchedulingPolicy:
     # > 0: the same cap, relative: a step may take at most this many times the expected
     # time of its decode rows alone; the larger of the two targets applies.
     itl_target_ratio: float = 0.0
+    # > 0: prompt bursts. While prompts are prefilled (and no stall-free target is set),
+    # the decoding streams below the HIGH class stand aside for up to this many seconds,
+    # so they pause once per burst of prompts instead of once per prompt step, and a
+    # step ends where a prompt ends, the shortest prompt first (when the measured step
+    # overhead makes that worth it). 0 = off: every step carries each stream's token.
+    burst_stall_s: float = 0.0
     # Host memory below this many bytes = memory pressure: half the admissions and step
     # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
     memory_low_bytes: int = 256 * 1024 * 1024
@@ -207,6 +221,7 @@ class Scheduler:
         # the step just planned follows one that stood the streams aside: it must run
         # whole (EngineCore does not stop it), so they decode at least every other step
         self.after_aside = False
+        self._burst_since: float | None = None  # when the streams began to stand aside
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -309,21 +324,26 @@ class Scheduler:
         high_first = self._high_first(prefilling)
         alone = high_first and not self._stood_aside and self._high_prompt_ends(prefilling, budget)
         self.after_aside, self._stood_aside = self._stood_aside, alone
-        for request in self.running:
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                continue
-            if alone and request.priority != PriorityClass.HIGH:
-                continue  # stands aside for the step that gives a HIGH prompt its first token
-            if budget > 0:
-                chunks.append(self._chunk(request, 1))
-                budget -= 1
+        burst = not alone and self._in_burst(now, high_first, prefilling)
+        rows, aside = self._decoders(alone, burst)
+        budget = self._decode_rows(rows, chunks, budget)
+        if aside and self._burst_since is None:
+            self._burst_since = now
         decoding = len(chunks)
         share = self._prompt_share(decoding, prefilling)
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and self._high_traffic_at(now):
             share = min(share, guard)
         allowance = _PromptAllowance(budget, share, high_first, alone)
-        chunks.extend(self._prompt_chunks(prefilling, allowance, now, kv_ops))
+        if burst:
+            prompts = self._burst_chunks(prefilling, allowance, now, kv_ops)
+        else:
+            prompts = self._prompt_chunks(prefilling, allowance, now, kv_ops)
+        if aside and not prompts:  # nothing to stand aside for after all
+            self._burst_since = None
+            budget = self._decode_rows(aside, chunks, budget)
+            decoding = len(chunks)
+        chunks.extend(prompts)
         budget -= allowance.taken
         if self.draft_proposer is not None:
             budget = attach_drafts(
@@ -336,6 +356,32 @@ class Scheduler:
             timed_out=timed_out,
             preempted=preempted,
         )
+
+    def _decoders(self, alone: bool, burst: bool) -> tuple[list[Request], list[Request]]:
+        """The decoding requests that feed a token this step, and those that stand aside
+        for a burst's prompts; with `alone`, those below HIGH are in neither (they stand
+        aside for the step that gives a HIGH prompt its first token)."""
+        rows: list[Request] = []
+        aside: list[Request] = []
+        for request in self.running:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                continue
+            if request.priority == PriorityClass.HIGH or not (alone or burst):
+                rows.append(request)
+            elif burst:
+                aside.append(request)
+        return rows, aside
+
+    def _decode_rows(
+        self, requests: list[Request], chunks: list[ScheduledChunk], budget: int
+    ) -> int:
+        """One-token chunks of `requests` while the budget lasts; returns what is left."""
+        for request in requests:
+            if budget <= 0:
+                break
+            chunks.append(self._chunk(request, 1))
+            budget -= 1
+        return budget
 
     @property
     def high_traffic(self) -> bool:
@@ -374,6 +420,69 @@ class Scheduler:
             self._admit(head, kv_ops)
             chunks.append(self._chunk(head, limit))
             allowance.take(len(chunks[-1].token_ids))
+        return chunks
+
+    def _in_burst(self, now: float, high_first: bool, prefilling: list[Request]) -> bool:
+        """With `burst_stall_s`: whether this step is one of a prompt burst, i.e. carries
+        prompt tokens that the streams below the HIGH class stand aside for. Not while a
+        HIGH prompt goes first or a stall-free target is set (those keep the streams
+        decoding every step), and not once the streams have stood aside `burst_stall_s`
+        (that step carries their tokens, and the next may begin a new burst)."""
+        policy = self.policy
+        if (
+            policy.burst_stall_s <= 0
+            or high_first
+            or policy.itl_target_s > 0
+            or policy.itl_target_ratio > 0
+        ):
+            self._burst_since = None
+            return False
+        if not prefilling:
+            head = self._next_waiting(now)
+            if head is None or not self._can_admit(head):
+                self._burst_since = None
+                return False
+        if self._burst_since is not None and now - self._burst_since >= policy.burst_stall_s:
+            self._burst_since = None
+            return False
+        return True
+
+    def _burst_chunks(
+        self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
+    ) -> list[ScheduledChunk]:
+        """A burst step's prompt chunks: every waiting request that fits is admitted
+        first (in rank order), then the prompts go shortest first (one that has waited
+        `aging_s` goes before the others, by arrival), and the step ends where a prompt
+        ends when the cost model says the earlier first token is worth a step's fixed
+        cost to each prompt after it (on a CPU, where a token costs milliseconds, it is;
+        on a GPU, where a step's tokens come almost free, it is not)."""
+        pending = list(prefilling)
+        while (head := self._next_waiting(now)) is not None and self._can_admit(head):
+            self._admit(head, kv_ops)
+            pending.append(head)
+        aging = self.policy.aging_s
+
+        def order(request: Request) -> tuple[int, bool, int, float]:
+            aged = aging > 0 and now - request.arrival_at >= aging
+            remaining = request.num_prompt_tokens - request.num_computed_tokens
+            return request.priority, not aged, 0 if aged else remaining, request.arrival_at
+
+        pending.sort(key=order)
+        chunks: list[ScheduledChunk] = []
+        for i, request in enumerate(pending):
+            limit = allowance.limit(request, self._rank(request, now)[0])
+            if limit <= 0:
+                break
+            chunks.append(self._chunk(request, limit))
+            allowance.take(len(chunks[-1].token_ids))
+            if chunks[-1].sample and i + 1 < len(pending):
+                later = pending[i + 1 :]
+                following = min(
+                    allowance.limit(later[0], self._rank(later[0], now)[0]),
+                    sum(r.num_prompt_tokens - r.num_computed_tokens for r in later),
+                )
+                if self.step_cost.split_pays(following, len(later)):
+                    break
         return chunks
 
     def _high_first(self, prefilling: list[Request]) -> bool:

@@ -80,3 +80,10 @@ class StepCostModel:
         `target_s` (0 when the decode rows alone use the target up)."""
         spare_s = target_s - self.predict_s(decoding, 0) - max(0.0, self.theta[3])
         return max(0, int(spare_s / self.token_cost_s))
+
+    def split_pays(self, following_tokens: int, later_prompts: int) -> bool:
+        """Whether to end a step where a prompt ends rather than carry `following_tokens`
+        more prompt tokens: its first token comes that many tokens' time earlier, and
+        each of the `later_prompts` after it pays one more step's fixed cost."""
+        fixed_s = max(0.0, self.theta[0]) + max(0.0, self.theta[3])
+        return following_tokens * self.token_cost_s > fixed_s * max(1, later_prompts)

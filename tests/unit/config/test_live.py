@@ -24,6 +24,7 @@ def test_every_live_key_is_a_setting_and_changes_alone() -> None:
         "scheduler.batch_window_ms": 3.0,
         "scheduler.itl_target_ms": 150.0,
         "scheduler.itl_target_ratio": 2.0,
+        "scheduler.burst_stall_ms": 2500.0,
         "scheduler.memory_low_mb": 512,
         "scheduler.stream_interval": 4,
         "scheduler.embed_tokens_per_step": 16,

@@ -137,6 +137,7 @@ def test_reconfigure_sets_every_scheduler_knob_and_caps_the_budget_at_the_batch(
         batch_window_ms=7.0,
         stream_interval=5,
         embed_tokens_per_step=9,
+        burst_stall_ms=2500.0,
         fairness={"enable_preemption": False, "high_priority_threshold": "normal",
                   "max_timeslice_tokens": 11},
     )  # fmt: skip
@@ -152,6 +153,7 @@ def test_reconfigure_sets_every_scheduler_knob_and_caps_the_budget_at_the_batch(
         queue_timeout_s=2.0,
         aging_s=0.5,
         batch_window_s=0.007,
+        burst_stall_s=2.5,
         enable_preemption=False,
         high_priority_threshold=PriorityClass.NORMAL,
         max_timeslice_tokens=11,

@@ -3,7 +3,9 @@ random orders, with preemption, yields, the prefix cache and queue timeouts all 
 
 Invariants: no request is lost or duplicated; each ends in exactly one terminal state;
 first admissions are FIFO within a priority class; slots are never shared; every KV op
-names a valid sequence; a timed-out request never runs afterwards.
+names a valid sequence; a timed-out request never runs afterwards. The machine runs twice:
+with every step carrying each stream's token, and with prompt bursts (`burst_stall_s`),
+where the streams stand aside and prompts go shortest first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ CACHE_SLOTS = [3, 4]
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    burst_stall_s = 0.0
+
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
@@ -30,7 +34,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_batch_tokens=8,
             kv_capacity=None,
             policy=SchedulingPolicy(
-                queue_timeout_s=3.0, aging_s=1.0, max_timeslice_tokens=3, enable_preemption=True
+                queue_timeout_s=3.0,
+                aging_s=1.0,
+                max_timeslice_tokens=3,
+                enable_preemption=True,
+                burst_stall_s=self.burst_stall_s,
             ),
             prefix_cache=PrefixCache(CACHE_SLOTS, max_tokens=30, min_match=2),
             clock=lambda: self.now,
@@ -82,12 +90,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._end(request.request_id, "timeout")
         seqs = [c.seq_id for c in out.chunks]
         assert len(seqs) == len(set(seqs))
+        for request in self.sched.running:  # in admission order
+            if request.request_id not in self.first_admitted:
+                self.first_admitted.append(request.request_id)
         for chunk in out.chunks:
             request = chunk.request
             assert request.request_id not in self.terminal
+            assert request.request_id in self.first_admitted
             assert chunk.start_pos == request.num_computed_tokens
-            if request.request_id not in self.first_admitted:
-                self.first_admitted.append(request.request_id)
             request.num_computed_tokens += len(chunk.token_ids)
             if chunk.sample:
                 request.output_token_ids.append(1)
@@ -147,6 +157,14 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+class BurstSchedulerMachine(SchedulerMachine):
+    burst_stall_s = 2.0
+
+
+TestBurstScheduler = BurstSchedulerMachine.TestCase
+TestBurstScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 
 def test_low_priority_wait_is_bounded_under_saturating_high_priority_load() -> None:
