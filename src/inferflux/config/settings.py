@@ -443,7 +443,7 @@ class SchedulerSettings(_Section):
     )
 
     burst_stall_ms: float = Field(
-        10_000.0,
+        30_000.0,
         ge=0,
         le=600_000,
         description="Prompt bursts: while prompts are being prefilled (and no stall-free "
