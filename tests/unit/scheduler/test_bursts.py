@@ -5,10 +5,11 @@ says so (pure logic: steps are described, not run; the clock is the test's)."""
 
 from __future__ import annotations
 
-from inferflux.scheduler import RequestId, Scheduler
+from inferflux.scheduler import Scheduler
 from inferflux.scheduler.request import PriorityClass, Request, SchedulerOutput
 from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
+from tests.unit.scheduler.test_priorities import NORMAL, ManualClock, req
 from tests.unit.scheduler.test_scheduler import complete
 
 # A 2-core CPU running SmolLM2: 10 ms a step, 5 ms a decoding row, 2 ms a prompt token.
@@ -17,28 +18,12 @@ CPU_COST = [0.010, 0.005, 0.002, 0.004]
 GPU_COST = [0.008, 0.0002, 0.00001, 0.002]
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _request(
-    rid: str, n_prompt: int, at: float, max_tokens: int = 100, priority: PriorityClass = 1
-) -> Request:
-    return Request(
-        request_id=RequestId(rid),
-        prompt_token_ids=list(range(100, 100 + n_prompt)),
-        max_tokens=max_tokens,
-        arrival_at=at,
-        priority=PriorityClass(priority),
-    )
+def _request(rid: str, n: int, clock: ManualClock, priority: PriorityClass = NORMAL) -> Request:
+    return req(rid, clock, priority, n, max_tokens=100)
 
 
 def _scheduler(
-    clock: _Clock, cost: list[float] = CPU_COST, n_decoding: int = 2, **policy: float
+    clock: ManualClock, cost: list[float] = CPU_COST, n_decoding: int = 2, **policy: float
 ) -> Scheduler:
     """`n_decoding` streams past their prompts, bursts on (10 s) unless `policy` says."""
     sched = Scheduler(
@@ -50,7 +35,7 @@ def _scheduler(
     )
     sched.step_cost = StepCostModel(theta=list(cost))
     for i in range(n_decoding):
-        sched.add(_request(f"d{i}", 4, clock.now))
+        sched.add(_request(f"d{i}", 4, clock))
     complete(sched.schedule())
     return sched
 
@@ -60,10 +45,10 @@ def _rows(out: SchedulerOutput) -> list[tuple[str, int]]:
 
 
 def test_streams_pause_once_for_a_burst_of_prompts_then_decode() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock)
-    sched.add(_request("long", 300, clock.now))
-    sched.add(_request("short", 40, clock.now))
+    sched.add(_request("long", 300, clock))
+    sched.add(_request("short", 40, clock))
     steps = []
     for _ in range(3):
         out = sched.schedule()
@@ -79,19 +64,19 @@ def test_streams_pause_once_for_a_burst_of_prompts_then_decode() -> None:
 
 
 def test_off_each_prompt_step_carries_every_streams_token() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, burst_stall_s=0.0)
-    sched.add(_request("long", 300, clock.now))
-    sched.add(_request("short", 40, clock.now))
+    sched.add(_request("long", 300, clock))
+    sched.add(_request("short", 40, clock))
     out = sched.schedule()
     assert _rows(out) == [("d0", 1), ("d1", 1), ("long", 300), ("short", 40)]
 
 
 def test_where_a_step_costs_the_same_whatever_it_carries_prompts_share_it() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, cost=GPU_COST)
-    sched.add(_request("long", 300, clock.now))
-    sched.add(_request("short", 40, clock.now))
+    sched.add(_request("long", 300, clock))
+    sched.add(_request("short", 40, clock))
     assert _rows(sched.schedule()) == [("short", 40), ("long", 300)]
 
 
@@ -103,9 +88,9 @@ def test_the_split_pays_when_a_token_costs_more_than_a_step_per_later_prompt() -
 
 
 def test_past_the_stall_bound_the_streams_get_a_token_then_may_pause_again() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, burst_stall_s=1.0)
-    sched.add(_request("huge", 2000, clock.now))
+    sched.add(_request("huge", 2000, clock))
     seen = []
     for _ in range(5):
         out = sched.schedule()
@@ -122,30 +107,32 @@ def test_past_the_stall_bound_the_streams_get_a_token_then_may_pause_again() -> 
 
 
 def test_high_priority_streams_never_stand_aside() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, n_decoding=0)
-    sched.add(_request("hi", 4, clock.now, priority=PriorityClass.HIGH))
-    sched.add(_request("lo", 4, clock.now))
+    sched.add(_request("hi", 4, clock, PriorityClass.HIGH))
+    sched.add(_request("lo", 4, clock))
     while any(not r.output_token_ids for r in sched.running) or sched.num_waiting:
         complete(sched.schedule())
-    sched.add(_request("new", 100, clock.now))
+    sched.add(_request("new", 100, clock))
     assert _rows(sched.schedule()) == [("hi", 1), ("new", 100)]
 
 
 def test_a_prompt_that_waited_aging_s_goes_before_shorter_ones() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     clock.now = 10.0
     sched = _scheduler(clock, aging_s=5.0)
-    sched.add(_request("old", 300, at=4.0))  # waited 6 s, e.g. behind busy slots
-    sched.add(_request("short", 40, at=9.9))
+    old, short = _request("old", 300, clock), _request("short", 40, clock)
+    old.arrival_at, short.arrival_at = 4.0, 9.9  # old waited 6 s, e.g. behind busy slots
+    sched.add(old)
+    sched.add(short)
     assert _rows(sched.schedule()) == [("old", 300)]
 
 
 def test_every_waiting_request_that_fits_is_admitted_at_the_bursts_first_step() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, n_decoding=0)
     for i, n in enumerate([200, 120, 40]):
-        sched.add(_request(f"p{i}", n, clock.now))
+        sched.add(_request(f"p{i}", n, clock))
     out = sched.schedule()
     assert _rows(out) == [("p2", 40)]
     assert [r.request_id for r in sched.running] == ["p0", "p1", "p2"]  # arrival order
@@ -153,15 +140,15 @@ def test_every_waiting_request_that_fits_is_admitted_at_the_bursts_first_step() 
 
 
 def test_a_stall_free_target_keeps_the_streams_decoding_every_step() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = _scheduler(clock, itl_target_ratio=3.0)
-    sched.add(_request("long", 300, clock.now))
+    sched.add(_request("long", 300, clock))
     rows = _rows(sched.schedule())
     assert rows[:2] == [("d0", 1), ("d1", 1)] and rows[2][0] == "long"
 
 
 def test_with_no_prompt_that_can_start_the_streams_keep_decoding() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     sched = Scheduler(
         max_num_seqs=2,
         max_batch_tokens=512,
@@ -170,7 +157,7 @@ def test_with_no_prompt_that_can_start_the_streams_keep_decoding() -> None:
         clock=clock,
     )
     for i in range(2):
-        sched.add(_request(f"d{i}", 4, 0.0))
+        sched.add(_request(f"d{i}", 4, clock))
     complete(sched.schedule())
-    sched.add(_request("queued", 50, 0.0))  # no free slot
+    sched.add(_request("queued", 50, clock))  # no free slot
     assert _rows(sched.schedule()) == [("d0", 1), ("d1", 1)]
