@@ -297,11 +297,14 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
 ) -> None:
     """Stall-free steps on the real engine: with `itl_target_ratio` 2 a 200-token prompt
     arriving beside three streams is computed over several steps of a few dozen tokens
-    (uncapped it takes one step), and its answer is the uncapped one, token for token."""
+    (uncapped, with prompt bursts off, it takes one step beside them), and its answer is
+    the uncapped one, token for token."""
     long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
     runs: dict[float, tuple[list[int], list[int]]] = {}
     for ratio in (0.0, 2.0):
-        engine = make_core(smollm2_model_path, cache_slots=0, itl_target_ratio=ratio)
+        engine = make_core(
+            smollm2_model_path, cache_slots=0, itl_target_ratio=ratio, burst_stall_ms=0.0
+        )
         steps: list[tuple[int, int]] = []
         observe = engine.scheduler.observe_step
 
@@ -326,6 +329,44 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
     assert max(uncapped) >= len(prompt) - 1  # one step took the whole prompt
     assert len(capped) >= 3 and max(capped) < len(prompt) // 2
     assert runs[2.0][1] == runs[0.0][1]  # the same answer
+
+
+def test_prompt_bursts_stand_the_streams_aside_and_change_no_answer(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """Prompt bursts on the real engine: two prompts arriving beside three streams are
+    computed in steps that carry none of the streams' tokens, the shorter prompt first in
+    a step of its own, and both answers are those of a run with bursts off, token for
+    token."""
+    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+    runs: dict[float, tuple[list[tuple[int, int]], dict[str, list[int]]]] = {}
+    for stall_ms in (0.0, 30_000.0):
+        engine = make_core(
+            smollm2_model_path, max_num_seqs=5, cache_slots=0, burst_stall_ms=stall_ms
+        )
+        steps: list[tuple[int, int]] = []
+        observe = engine.scheduler.observe_step
+
+        def record(
+            decoding: int, tokens: int, seconds: float, observe=observe, steps=steps
+        ) -> None:
+            steps.append((decoding, tokens))
+            observe(decoding, tokens, seconds)
+
+        engine.scheduler.observe_step = record  # type: ignore[method-assign]
+        try:
+            start_streams(engine, tokenizer, 3, max_tokens=48)
+            steps.clear()
+            long_ids = submit(engine, tokenizer, "long", long_text, max_tokens=12)
+            short_ids = submit(engine, tokenizer, "short", chat("Name a colour."), max_tokens=12)
+            out = drain(engine)
+        finally:
+            engine.close()
+        prompt_steps = [(d, t) for d, t in steps if t > 0]
+        runs[stall_ms] = (prompt_steps, {rid: tokens(out[rid]) for rid in ("long", "short")})
+    assert runs[0.0][0][0][0] == 3  # off: the streams feed a token beside the prompts
+    assert runs[30_000.0][0] == [(0, len(short_ids)), (0, len(long_ids))]
+    assert runs[30_000.0][1] == runs[0.0][1]
 
 
 def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(

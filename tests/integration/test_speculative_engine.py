@@ -157,15 +157,33 @@ def test_greedy_in_a_batch_of_eight_is_identical(model: Model) -> None:
         assert_same_up_to_a_near_tie(on[rid], off[rid])
 
 
+def assert_same_up_to_a_boundary_flip(on: list[RequestDelta], off: list[RequestDelta]) -> None:
+    """Seeded sampling: identical tokens, or identical up to a position where the two
+    tokens are neighbours in the baseline's ranking. A draw picks the candidate whose
+    share of the cumulative probability it lands in, so a logit moved by a batch shape
+    moves the boundary between two neighbours, and a draw that lands near it picks the
+    other one (here: ranks 2 and 3, 1.4 nats apart, flipped when the prompts were
+    prefilled in steps of their own). After a flip, nothing is compared."""
+    got, want = tokens(on), tokens(off)
+    scores = [lp for d in off for lp in d.logprobs or []]
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            ranked = [token for token, _ in scores[i].top]
+            assert a in ranked and b in ranked, (i, a, b, scores[i].top)
+            assert abs(ranked.index(a) - ranked.index(b)) == 1, (i, a, b, scores[i].top)
+            return
+    assert got == want
+
+
 def test_seeded_sampling_with_penalties_is_identical(model: Model) -> None:
     """The RNG draws once per emitted token either way. Gemma's logits move by up to
-    0.11 nats between a 2-row and a verification-shaped batch (measured), so where two
-    candidates are that close their order, and the token one draw picks, may flip."""
+    0.11 nats between a 2-row and a verification-shaped batch (measured), so a draw that
+    lands near the boundary between two neighbouring candidates may pick the other."""
     sampling = {"temperature": 0.8, "seed": 1234, "top_k": 40, "repeat_penalty": 1.1}
     on, off = model.both(ASKS[:2], logprobs=5, **sampling)
     for rid in off:
         if model.gemma:
-            assert_same_up_to_a_near_tie(on[rid], off[rid])
+            assert_same_up_to_a_boundary_flip(on[rid], off[rid])
         else:
             assert tokens(on[rid]) == tokens(off[rid]), rid
 
