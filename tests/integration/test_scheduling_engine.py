@@ -292,6 +292,36 @@ def test_logprobs_of_sampled_tokens_and_of_the_prompt(
     assert deltas[-1].num_cached_tokens == 0  # prompt logprobs bypass the cache
 
 
+LONG_TEXT = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+
+
+def steps_beside_streams(
+    path: str, tokenizer: LlamaTokenizer, asks: dict[str, str], **scheduling: object
+) -> tuple[list[tuple[int, int]], dict[str, list[int]], dict[str, list[int]]]:
+    """Three greedy streams decoding, then `asks` (id: chat text, 12 tokens each) sent
+    together and run to the end. Returns (decode rows, other tokens) of each step from
+    then on, the answers, and the prompts' token ids."""
+    engine = make_core(path, cache_slots=0, **scheduling)
+    steps: list[tuple[int, int]] = []
+    observe = engine.scheduler.observe_step
+
+    def record(decoding: int, tokens: int, seconds: float) -> None:
+        steps.append((decoding, tokens))
+        observe(decoding, tokens, seconds)
+
+    engine.scheduler.observe_step = record  # type: ignore[method-assign]
+    try:
+        start_streams(engine, tokenizer, 3, max_tokens=48)
+        steps.clear()
+        prompts = {
+            rid: submit(engine, tokenizer, rid, text, max_tokens=12) for rid, text in asks.items()
+        }
+        out = drain(engine)
+    finally:
+        engine.close()
+    return steps, {rid: tokens(out[rid]) for rid in asks}, prompts
+
+
 def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_streams(
     smollm2_model_path: str, tokenizer: LlamaTokenizer
 ) -> None:
@@ -299,35 +329,18 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
     arriving beside three streams is computed over several steps of a few dozen tokens
     (uncapped, with prompt bursts off, it takes one step beside them), and its answer is
     the uncapped one, token for token."""
-    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+    asks = {"long": LONG_TEXT}
     runs: dict[float, tuple[list[int], list[int]]] = {}
     for ratio in (0.0, 2.0):
-        engine = make_core(
-            smollm2_model_path, cache_slots=0, itl_target_ratio=ratio, burst_stall_ms=0.0
+        steps, answers, prompts = steps_beside_streams(
+            smollm2_model_path, tokenizer, asks, itl_target_ratio=ratio, burst_stall_ms=0.0
         )
-        steps: list[tuple[int, int]] = []
-        observe = engine.scheduler.observe_step
-
-        def record(
-            decoding: int, tokens: int, seconds: float, observe=observe, steps=steps
-        ) -> None:
-            steps.append((decoding, tokens))
-            observe(decoding, tokens, seconds)
-
-        engine.scheduler.observe_step = record  # type: ignore[method-assign]
-        try:
-            start_streams(engine, tokenizer, 3, max_tokens=48)
-            steps.clear()
-            prompt = submit(engine, tokenizer, "long", long_text, max_tokens=12)
-            out = tokens(drain(engine)["long"])
-        finally:
-            engine.close()
         beside = [t for d, t in steps if d >= 3 and t > 0]  # prompt tokens in shared steps
-        assert sum(beside) >= len(prompt) - 1
-        runs[ratio] = (beside, out)
+        assert sum(beside) >= len(prompts["long"]) - 1
+        runs[ratio] = (beside, answers["long"])
     uncapped, capped = runs[0.0][0], runs[2.0][0]
-    assert max(uncapped) >= len(prompt) - 1  # one step took the whole prompt
-    assert len(capped) >= 3 and max(capped) < len(prompt) // 2
+    assert max(uncapped) >= len(prompts["long"]) - 1  # one step took the whole prompt
+    assert len(capped) >= 3 and max(capped) < len(prompts["long"]) // 2
     assert runs[2.0][1] == runs[0.0][1]  # the same answer
 
 
@@ -338,34 +351,16 @@ def test_prompt_bursts_stand_the_streams_aside_and_change_no_answer(
     computed in steps that carry none of the streams' tokens, the shorter prompt first in
     a step of its own, and both answers are those of a run with bursts off, token for
     token."""
-    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
+    asks = {"long": LONG_TEXT, "short": chat("Name a colour.")}
     runs: dict[float, tuple[list[tuple[int, int]], dict[str, list[int]]]] = {}
     for stall_ms in (0.0, 30_000.0):
-        engine = make_core(
-            smollm2_model_path, max_num_seqs=5, cache_slots=0, burst_stall_ms=stall_ms
+        steps, answers, prompts = steps_beside_streams(
+            smollm2_model_path, tokenizer, asks, max_num_seqs=5, burst_stall_ms=stall_ms
         )
-        steps: list[tuple[int, int]] = []
-        observe = engine.scheduler.observe_step
-
-        def record(
-            decoding: int, tokens: int, seconds: float, observe=observe, steps=steps
-        ) -> None:
-            steps.append((decoding, tokens))
-            observe(decoding, tokens, seconds)
-
-        engine.scheduler.observe_step = record  # type: ignore[method-assign]
-        try:
-            start_streams(engine, tokenizer, 3, max_tokens=48)
-            steps.clear()
-            long_ids = submit(engine, tokenizer, "long", long_text, max_tokens=12)
-            short_ids = submit(engine, tokenizer, "short", chat("Name a colour."), max_tokens=12)
-            out = drain(engine)
-        finally:
-            engine.close()
-        prompt_steps = [(d, t) for d, t in steps if t > 0]
-        runs[stall_ms] = (prompt_steps, {rid: tokens(out[rid]) for rid in ("long", "short")})
+        runs[stall_ms] = ([(d, t) for d, t in steps if t > 0], answers)
     assert runs[0.0][0][0][0] == 3  # off: the streams feed a token beside the prompts
-    assert runs[30_000.0][0] == [(0, len(short_ids)), (0, len(long_ids))]
+    lengths = [len(prompts["short"]), len(prompts["long"])]
+    assert runs[30_000.0][0] == [(0, lengths[0]), (0, lengths[1])]
     assert runs[30_000.0][1] == runs[0.0][1]
 
 
@@ -377,7 +372,6 @@ def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
     socket check and reports one high-priority arrival), llama.cpp drops what the step
     computed, the next step plans the same work again, and every answer is the one of a
     run without the stop, token for token. Decode-only steps are never armed."""
-    long_text = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
     answers: dict[bool, dict[str, list[int]]] = {}
     for stop in (False, True):
         engine = make_core(smollm2_model_path, cache_slots=0)
@@ -397,7 +391,7 @@ def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
             for _ in range(3):
                 engine.step()
             assert len(asked) == asked_before  # a decode-only step is not armed
-            submit(engine, tokenizer, "long", long_text, max_tokens=12, priority=Priority.LOW)
+            submit(engine, tokenizer, "long", LONG_TEXT, max_tokens=12, priority=Priority.LOW)
             pending[0] = True
             out = drain(engine)
             answers[stop] = {rid: tokens(deltas) for rid, deltas in out.items()}
