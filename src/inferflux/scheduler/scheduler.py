@@ -135,7 +135,8 @@ class SchedulingPolicy:
     # the decoding streams below the HIGH class stand aside for up to this many seconds,
     # so they pause once per burst of prompts instead of once per prompt step, and a
     # step ends where a prompt ends, the shortest prompt first (when the measured step
-    # overhead makes that worth it). 0 = off: every step carries each stream's token.
+    # overhead makes that worth it). 0 = off: every step carries each stream's token
+    # (the pure-logic default; the server's is `scheduler.burst_stall_ms`, 30 s).
     burst_stall_s: float = 0.0
     # Host memory below this many bytes = memory pressure: half the admissions and step
     # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
@@ -325,6 +326,8 @@ class Scheduler:
         alone = high_first and not self._stood_aside and self._high_prompt_ends(prefilling, budget)
         self.after_aside, self._stood_aside = self._stood_aside, alone
         burst = not alone and self._in_burst(now, high_first, prefilling)
+        if not (alone or burst):
+            self._burst_since = None  # a burst, if any, has ended
         rows, aside = self._decoders(alone, burst)
         budget = self._decode_rows(rows, chunks, budget)
         if aside and self._burst_since is None:
@@ -435,17 +438,12 @@ class Scheduler:
             or policy.itl_target_s > 0
             or policy.itl_target_ratio > 0
         ):
-            self._burst_since = None
             return False
         if not prefilling:
             head = self._next_waiting(now)
             if head is None or not self._can_admit(head):
-                self._burst_since = None
                 return False
-        if self._burst_since is not None and now - self._burst_since >= policy.burst_stall_s:
-            self._burst_since = None
-            return False
-        return True
+        return self._burst_since is None or now - self._burst_since < policy.burst_stall_s
 
     def _burst_chunks(
         self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
