@@ -1,0 +1,205 @@
+"""Speculative decoding at c = 1, paired: every config's server up at once, requests
+alternated between them one at a time.
+
+`speculative.py --rounds N` runs a config's whole level before the next config starts, so
+on a VM whose speed drifts by 30–45% within minutes (BENCHMARKS.md, ninth session) a
+difference under about 25% cannot be read. Here every config serves the same prompt
+within seconds of the others, the order rotating from prompt to prompt, so a drift slower
+than one prompt's requests reaches every config alike. Idle servers use no CPU between
+their requests (llama.cpp's threads sleep after a short spin).
+
+    INFERFLUX_COMPARE_CACHE=/work/cache-compare .venv/bin/python bench/spec_paired.py \\
+        --models smollm2 --workloads edit,chat --rounds 3 \\
+        --configs inferflux-off,inferflux-on,llama-server,llama-server-ngram-simple
+
+Every round puts a tag of its own before each prompt ("Request 2.3."), so no server
+serves a prompt from the KV an earlier round left: llama-server keeps up to 8 GiB of
+prompts in RAM (`--cache-ram`), InferFlux's prefix cache 8 sequences by default, and the
+same twelve prompts sent again would measure their caches, not their decoding.
+
+Per model and workload: each config's tok/s (completion tokens ÷ the time of its own
+requests), and per round the ratio to `--reference` (default `inferflux-off`) over the
+same prompts; the table gives the ratios' mean and [min–max] over the rounds. Configs
+and workloads as in `speculative.py`. Results: bench/results/spec_paired.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from compare import toolchain
+from compare.models import MODELS, load_model
+from compare.runner import variant_envs
+from compare.servers import Toolchain, running
+from speculative import CONFIGS, LOGS, RESULTS, WORKLOADS, _client, _prompts, _server
+
+Row = dict[str, Any]  # Any: JSON
+
+
+def rotation(configs: list[str], turn: int) -> list[str]:
+    """The order of the configs for the `turn`-th prompt: each goes first equally often."""
+    k = turn % len(configs)
+    return configs[k:] + configs[:k]
+
+
+def fresh(prompt: str, round_: int, index: int) -> str:
+    """`prompt` with a tag of its round in front: no earlier round's cached KV fits it."""
+    return f"Request {round_ + 1}.{index + 1}. {prompt}"
+
+
+async def _one(url: str, prompt: str, max_tokens: int) -> tuple[int, int, int, float]:
+    async with httpx.AsyncClient() as http:
+        started = time.perf_counter()
+        tokens, drafted, accepted = await _client(http, url, [prompt], max_tokens)
+        return tokens, drafted, accepted, time.perf_counter() - started
+
+
+def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
+    model = load_model(key)
+    configs = [c for c in args.configs if tools.llama_server or not c.startswith("llama")]
+    rows: list[Row] = []
+    with ExitStack() as stack:
+        urls = {}
+        for i, config in enumerate(configs):  # every server up at once, each its own port
+            port = args.port + i
+            server = _server(config, tools, model, port, args.draft_model, args.variants)
+            log = LOGS / f"spec-paired-{key}-{config}.log"
+            urls[config] = stack.enter_context(running(server, port, log)).url
+        for url in urls.values():  # warm
+            asyncio.run(_one(url, _prompts("chat")[0], 4))
+        turn = 0
+        for round_ in range(args.rounds):
+            for workload in args.workloads:
+                for index, prompt in enumerate(_prompts(workload)):
+                    tagged = fresh(prompt, round_, index)
+                    for config in rotation(configs, turn):
+                        tokens, drafted, accepted, seconds = asyncio.run(
+                            _one(urls[config], tagged, args.max_tokens)
+                        )
+                        row = {
+                            "model": key,
+                            "config": config,
+                            "workload": workload,
+                            "prompt": index,
+                            "round": round_,
+                            "tokens": tokens,
+                            "seconds": round(seconds, 4),
+                            "drafted": drafted,
+                            "accepted": accepted,
+                        }
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+                    turn += 1
+    return rows
+
+
+def summarize(rows: list[Row], reference: str) -> list[Row]:
+    """Per (model, workload, config): tok/s over all rounds, and the per-round ratio of
+    tok/s to `reference`'s over the same prompts."""
+    out: list[Row] = []
+    cells: dict[tuple[str, str, str], dict[int, list[Row]]] = {}
+    for r in rows:
+        cells.setdefault((r["model"], r["workload"], r["config"]), {}).setdefault(
+            r["round"], []
+        ).append(r)
+    for (model, workload, config), rounds in cells.items():
+        ref = cells.get((model, workload, reference), {})
+        ratios = [_tok_s(mine) / _tok_s(ref[n]) for n, mine in sorted(rounds.items()) if ref.get(n)]
+        every = [r for mine in rounds.values() for r in mine]
+        out.append(
+            {
+                "model": model,
+                "workload": workload,
+                "config": config,
+                "tokens": sum(r["tokens"] for r in every),
+                "tok_s": round(_tok_s(every), 3),
+                "drafted": sum(r["drafted"] for r in every),
+                "accepted": sum(r["accepted"] for r in every),
+                "ratios": [round(x, 4) for x in ratios],
+            }
+        )
+    return out
+
+
+def _tok_s(rows: list[Row]) -> float:
+    return sum(r["tokens"] for r in rows) / sum(r["seconds"] for r in rows)
+
+
+def markdown(summary: list[Row], reference: str) -> str:
+    lines = [
+        f"| model | workload | config | tok/s | × {reference}, mean [min–max] of rounds "
+        "| accepted / drafted | tokens |",
+        "| --- | --- | --- | ---: | --- | --- | ---: |",
+    ]
+    for s in summary:
+        ratios = s["ratios"]
+        ratio = (
+            f"{statistics.fmean(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}]"
+            if ratios
+            else "–"
+        )
+        lines.append(
+            f"| {s['model']} | {s['workload']} | {s['config']} | {s['tok_s']:.1f} | {ratio} "
+            f"| {s['accepted']} / {s['drafted']} | {s['tokens']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--configs", default="inferflux-off,inferflux-on,llama-server")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--reference", default="inferflux-off", help="the ratios' denominator")
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--rounds", type=int, default=3, help="every prompt this many times")
+    p.add_argument("--port", type=int, default=18451, help="the first server's; then +1 each")
+    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
+    p.add_argument("--out", default=str(RESULTS / "spec_paired"))
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+        help="also run inferflux-NAME: speculation on with these env settings (repeatable)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.variants = variant_envs(args.variant)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.configs += [v for v in args.variants if v not in args.configs]
+    unknown = set(args.configs) - set(CONFIGS) - set(args.variants)
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(CONFIGS)}")
+    if args.reference not in args.configs:
+        raise SystemExit(f"--reference {args.reference} is not among --configs")
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    needs_llama = any(c.startswith("llama-server") for c in args.configs)
+    tools = Toolchain(toolchain.llama_server().binary if needs_llama else None, None)
+    rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
+    summary = summarize(rows, args.reference)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"command": " ".join(sys.argv), "rows": rows, "summary": summary}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    table = markdown(summary, args.reference)
+    out.with_suffix(".md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
