@@ -1,0 +1,76 @@
+"""What a prefix-cache hit's KV copy costs: the next step's time with and without one.
+
+A prefix-cache hit copies the cached sequence's KV into the request's sequence
+(`LlamaCppBackend.copy_seq`), and a finished request's KV is copied into the cache the
+same way. With per-sequence KV (`runtime.kv_unified` false, the default) a copy between
+two sequences is a copy of the whole sequence's buffer, `n_ctx_per_seq` cells, whatever
+the prefix's length. llama.cpp defers it to the next `llama_decode`, so the copy call
+itself returns at once. With one shared buffer (`kv_unified` true) a copy only tags
+cells.
+
+This times a step of `--suffix` prompt tokens right after a copy of a `--prefix`-token
+prefix, alternated with the same step with no copy before it, for both KV modes:
+
+    .venv/bin/python bench/kv_copy_cost.py                     # the default model
+    .venv/bin/python bench/kv_copy_cost.py --model PATH --ctx 4096 --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+from inferflux.models.files import default_model_path
+
+
+def measure(backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int) -> dict[str, float]:
+    """Median ms of a `suffix`-token step after a copy, and without one."""
+    backend.free_seq(0)
+    backend.decode([(0, list(range(100, 100 + prefix)), 0, True)])
+    after_copy: list[float] = []
+    plain: list[float] = []
+    tail = list(range(300, 300 + suffix))
+    for k in range(2 * rounds):
+        dst = 1 + k % 2
+        backend.free_seq(dst)
+        copied = k % 2 == 0
+        if copied:
+            backend.copy_seq(0, dst, prefix)
+        started = time.perf_counter()
+        backend.decode([(dst, tail, prefix if copied else 0, True)])
+        (after_copy if copied else plain).append(1000 * (time.perf_counter() - started))
+    return {"after_copy_ms": statistics.median(after_copy), "plain_ms": statistics.median(plain)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--ctx", type=int, default=4096, help="cells per sequence (n_ctx_per_seq)")
+    p.add_argument("--prefix", type=int, default=27)
+    p.add_argument("--suffix", type=int, default=14)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    path = args.model or str(default_model_path())
+    print(f"{os.path.basename(path)}, {args.ctx} cells a sequence, {args.threads} threads")
+    for unified in (False, True):
+        config = ContextConfig(path, args.ctx, 3, 512, args.threads, args.threads, unified)
+        backend = LlamaCppBackend(config)
+        try:
+            got = measure(backend, args.prefix, args.suffix, args.rounds)
+        finally:
+            backend.close()
+        print(
+            f"kv_unified={unified}: a {args.suffix}-token step {got['after_copy_ms']:.1f} ms "
+            f"after a {args.prefix}-token copy, {got['plain_ms']:.1f} ms without "
+            f"(the copy: {got['after_copy_ms'] - got['plain_ms']:+.1f} ms)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
