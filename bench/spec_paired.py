@@ -37,11 +37,18 @@ from typing import Any
 
 import httpx
 
-from compare import toolchain
 from compare.models import MODELS, load_model
-from compare.runner import variant_envs
 from compare.servers import Toolchain, running
-from speculative import CONFIGS, LOGS, RESULTS, WORKLOADS, _client, _prompts, _server
+from speculative import (
+    LOGS,
+    RESULTS,
+    WORKLOADS,
+    _client,
+    _prompts,
+    _server,
+    add_config_args,
+    resolve_configs,
+)
 
 Row = dict[str, Any]  # Any: JSON
 
@@ -164,31 +171,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--rounds", type=int, default=3, help="every prompt this many times")
     p.add_argument("--port", type=int, default=18451, help="the first server's; then +1 each")
-    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument("--out", default=str(RESULTS / "spec_paired"))
-    p.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME:ENV=VALUE[,ENV=VALUE]",
-        help="also run inferflux-NAME: speculation on with these env settings (repeatable)",
-    )
+    add_config_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.variants = variant_envs(args.variant)
-    args.configs = [c for c in args.configs.split(",") if c]
-    args.configs += [v for v in args.variants if v not in args.configs]
-    unknown = set(args.configs) - set(CONFIGS) - set(args.variants)
-    if unknown:
-        raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(CONFIGS)}")
+    tools = resolve_configs(args)
     if args.reference not in args.configs:
         raise SystemExit(f"--reference {args.reference} is not among --configs")
-    args.workloads = [w for w in args.workloads.split(",") if w]
-    needs_llama = any(c.startswith("llama-server") for c in args.configs)
-    tools = Toolchain(toolchain.llama_server().binary if needs_llama else None, None)
     rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
     summary = summarize(rows, args.reference)
     out = Path(args.out)

@@ -241,8 +241,14 @@ def parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=1, help="run every config this many times, alternated"
     )
     p.add_argument("--port", type=int, default=18431)
-    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument("--out", default=str(RESULTS / "speculative"))
+    add_config_args(p)
+    return p
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """--draft-model and --variant (this script's and spec_paired.py's)."""
+    p.add_argument("--draft-model", default=None, help="draft GGUF (default: the model)")
     p.add_argument(
         "--variant",
         action="append",
@@ -250,11 +256,11 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME:ENV=VALUE[,ENV=VALUE]",
         help="also run inferflux-NAME: speculation on with these env settings (repeatable)",
     )
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def resolve_configs(args: Any) -> Toolchain:
+    """Fill args.variants, args.configs (with the variants) and args.workloads; refuse an
+    unknown config; build llama-server only where a config needs it."""
     args.variants = variant_envs(args.variant)
     args.configs = [c for c in args.configs.split(",") if c]
     args.configs += [v for v in args.variants if v not in args.configs]
@@ -262,9 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}: choose from {', '.join(CONFIGS)}")
     args.workloads = [w for w in args.workloads.split(",") if w]
-    args.levels = [int(x) for x in args.levels.split(",")]
     needs_llama = any(c.startswith("llama-server") for c in args.configs)
-    tools = Toolchain(toolchain.llama_server().binary if needs_llama else None, None)
+    return Toolchain(toolchain.llama_server().binary if needs_llama else None, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    tools = resolve_configs(args)
+    args.levels = [int(x) for x in args.levels.split(",")]
     rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
