@@ -32,7 +32,6 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +47,7 @@ from speculative import (
     _server,
     add_config_args,
     resolve_configs,
+    write_results,
 )
 
 Row = dict[str, Any]  # Any: JSON
@@ -183,13 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--reference {args.reference} is not among --configs")
     rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
     summary = summarize(rows, args.reference)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"command": " ".join(sys.argv), "rows": rows, "summary": summary}
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    table = markdown(summary, args.reference)
-    out.with_suffix(".md").write_text(table, encoding="utf-8")
-    print(table)
+    write_results(args.out, payload, markdown(summary, args.reference))
     return 0
 
 

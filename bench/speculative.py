@@ -277,13 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     tools = resolve_configs(args)
     args.levels = [int(x) for x in args.levels.split(",")]
     rows = [row for key in args.models.split(",") for row in run_model(key, tools, args)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    table = markdown(rows, args.configs)
-    out.with_suffix(".md").write_text(table, encoding="utf-8")
-    print(table)
+    write_results(args.out, rows, markdown(rows, args.configs))
     return 0
+
+
+def write_results(out: str, payload: Any, table: str) -> None:
+    """`payload` to OUT.json, `table` to OUT.md and the terminal."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(table, encoding="utf-8")
+    print(table)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ def _row(config: str, round_: int, prompt: int, tokens: int, seconds: float) -> 
     }
 
 
+def _by_config(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {s["config"]: s for s in spec_paired.summarize(rows, "off")}
+
+
 def test_every_config_goes_first_equally_often() -> None:
     configs = ["a", "b", "c"]
     orders = [spec_paired.rotation(configs, turn) for turn in range(6)]
@@ -46,13 +50,12 @@ def test_no_round_sends_a_prompt_an_earlier_round_sent() -> None:
 
 def test_a_drift_between_rounds_leaves_the_paired_ratio_alone() -> None:
     # round 1 runs at half speed for every config: tok/s halves, the ratio does not
-    rows = [
-        _row("off", 0, 0, 100, 4.0),
-        _row("on", 0, 0, 100, 2.0),
-        _row("off", 1, 0, 100, 8.0),
-        _row("on", 1, 0, 100, 4.0),
-    ]
-    by_config = {s["config"]: s for s in spec_paired.summarize(rows, "off")}
+    by_config = _by_config(
+        [
+            _row(c, r, 0, 100, s)
+            for c, r, s in [("off", 0, 4), ("on", 0, 2), ("off", 1, 8), ("on", 1, 4)]
+        ]
+    )
     assert by_config["on"]["ratios"] == [2.0, 2.0]
     assert by_config["off"]["ratios"] == [1.0, 1.0]
     assert by_config["on"]["tok_s"] == 33.333  # 200 tokens in 6 s over both rounds
@@ -66,7 +69,7 @@ def test_tok_s_is_tokens_over_the_configs_own_request_time() -> None:
         _row("on", 0, 0, 90, 1.0),
         _row("on", 0, 1, 30, 1.0),
     ]
-    by_config = {s["config"]: s for s in spec_paired.summarize(rows, "off")}
+    by_config = _by_config(rows)
     assert by_config["off"]["tok_s"] == 30.0
     assert by_config["on"]["tok_s"] == 60.0
     assert by_config["on"]["ratios"] == [2.0]
