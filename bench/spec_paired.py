@@ -5,8 +5,9 @@ alternated between them one at a time.
 on a VM whose speed drifts by 30–45% within minutes (BENCHMARKS.md, ninth session) a
 difference under about 25% cannot be read. Here every config serves the same prompt
 within seconds of the others, the order rotating from prompt to prompt, so a drift slower
-than one prompt's requests reaches every config alike. Idle servers use no CPU between
-their requests (llama.cpp's threads sleep after a short spin).
+than one prompt's requests reaches every config alike. The servers that wait meanwhile
+use almost no CPU (measured over 15 idle seconds after a request, SmolLM2: llama-server
+0.0 CPU-seconds, an InferFlux server 0.16, about 1% of a core).
 
     INFERFLUX_COMPARE_CACHE=/work/cache-compare .venv/bin/python bench/spec_paired.py \\
         --models smollm2 --workloads edit,chat --rounds 3 \\
