@@ -109,8 +109,10 @@ def test_mismatched_or_corrupt_bytes_are_refused(backend: LlamaCppBackend) -> No
     backend.free_seq(0)
 
 
-def _tiered_core(path: str, tmp: Path | None) -> EngineCore:
-    scheduling = SchedulerSettings.model_validate({"prefix_cache": {"slots": 1}})
+def _tiered_core(path: str, tmp: Path | None, *, reuse_in_place: bool = True) -> EngineCore:
+    scheduling = SchedulerSettings.model_validate(
+        {"prefix_cache": {"slots": 1, "reuse_in_place": reuse_in_place}}
+    )
     config = WorkerConfig(
         worker_id=0,
         generation=1,
@@ -144,8 +146,9 @@ def test_evicted_prefix_is_restored_from_the_host_tier(
 ) -> None:
     """One cache slot: B's turn evicts A's prefix into the host tier; A's next turn
     restores it (cached tokens counted) and generates exactly what a cold engine does.
-    A corrupted host entry is refused, logged, and recomputed."""
-    core = _tiered_core(smollm2_model_path, None)
+    A corrupted host entry is refused, logged, and recomputed. (Finished requests go
+    straight into the cache here: parked ones, the next test.)"""
+    core = _tiered_core(smollm2_model_path, None, reuse_in_place=False)
     try:
         b = core.backend
         assert isinstance(b, LlamaCppBackend)
@@ -181,15 +184,45 @@ def test_evicted_prefix_is_restored_from_the_host_tier(
         core.close()
 
 
+def test_parked_prefixes_move_through_the_cache_and_the_host_tier(
+    smollm2_model_path: str,
+) -> None:
+    """With finished requests parked in their slots: A's KV moves into the one cache slot
+    when B takes A's slot, then into the host tier when C's does; A's next turn still
+    reuses its prefix and generates exactly what a cold engine does."""
+    core = _tiered_core(smollm2_model_path, None)
+    try:
+        b = core.backend
+        assert isinstance(b, LlamaCppBackend)
+        a_prompt = _tokens(b)[:80]
+        _run(core, "a1", a_prompt)
+        _run(core, "b1", list(reversed(a_prompt)))
+        _run(core, "c1", a_prompt[40:] + a_prompt[:40])
+        assert core.kv_offload is not None and core.kv_offload.stats.spills >= 1
+        a2 = a_prompt + [a_prompt[5], a_prompt[6], a_prompt[7]]
+        warm, cached = _run(core, "a2", a2)
+        assert cached >= len(a_prompt) - 1
+        cold_core = _tiered_core(smollm2_model_path, None)
+        try:
+            cold, cold_cached = _run(cold_core, "a2", a2)
+        finally:
+            cold_core.close()
+        assert cold_cached == 0 and cold == warm
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("reuse_in_place", [False, True], ids=["copy", "in-place"])
 def test_gemma_without_full_swa_reuses_whole_entries_and_recomputes_cut_ones(
-    gemma3_model_path: str, caplog: pytest.LogCaptureFixture
+    gemma3_model_path: str, caplog: pytest.LogCaptureFixture, reuse_in_place: bool
 ) -> None:
     """swa_full off: the sliding-window layers keep only the last window of a sequence.
-    A next turn (the whole cached entry) reuses it; a prompt that diverges early (the
-    entry cut before what the window kept) would attend to dropped positions, so it is
-    recomputed instead: output equal to a cold engine's either way."""
+    A next turn (the whole cached or parked entry) reuses it; a prompt that diverges early
+    (the entry cut before what the window kept) would attend to dropped positions, so it
+    is recomputed instead: output equal to a cold engine's either way."""
 
     def core(swa_full: bool) -> EngineCore:
+        cache = {"slots": 1, "reuse_in_place": reuse_in_place}
         config = WorkerConfig(
             worker_id=0,
             generation=1,
@@ -199,7 +232,7 @@ def test_gemma_without_full_swa_reuses_whole_entries_and_recomputes_cut_ones(
             max_num_seqs=2,
             max_batch_tokens=512,
             observability=ObservabilitySettings(),
-            scheduling=SchedulerSettings.model_validate({"prefix_cache": {"slots": 1}}),
+            scheduling=SchedulerSettings.model_validate({"prefix_cache": cache}),
         )
         return build_engine_core(config)
 
@@ -210,7 +243,12 @@ def test_gemma_without_full_swa_reuses_whole_entries_and_recomputes_cut_ones(
         words = _tokens(b)
         long_prompt = (words * 20)[:1100]
         _run(swa, "t1", long_prompt)
-        (_, _, entry), *_ = swa.scheduler.prefix_cache.entries()  # type: ignore[union-attr]
+        if reuse_in_place:
+            assert swa.scheduler.parked is not None
+            (parked,) = swa.scheduler.parked.entries()
+            entry = parked.tokens
+        else:
+            (_, _, entry), *_ = swa.scheduler.prefix_cache.entries()  # type: ignore[union-attr]
         turn2 = entry + [words[1], words[2]]
         warm, cached = _run(swa, "t2", turn2)
         assert cached == len(entry)  # the whole entry: its window is intact

@@ -38,11 +38,17 @@ def chat(user: str, history: str = "") -> str:
 
 
 def make_core(
-    path: str, *, max_num_seqs: int = 4, cache_slots: int = 4, **scheduling: object
+    path: str,
+    *,
+    max_num_seqs: int = 4,
+    cache_slots: int = 4,
+    reuse_in_place: bool = True,
+    **scheduling: object,
 ) -> EngineCore:
     sched = SchedulerSettings(max_num_seqs=max_num_seqs, max_batch_tokens=256, **scheduling)  # type: ignore[arg-type]
     sched.prefix_cache.slots = max(cache_slots, 1)
     sched.prefix_cache.enabled = cache_slots > 0
+    sched.prefix_cache.reuse_in_place = reuse_in_place
     config = WorkerConfig(
         worker_id=0,
         generation=1,
@@ -181,16 +187,24 @@ def test_a_cache_hit_predicts_what_a_full_prefill_predicts(
             assert abs(top_cached[token] - logprob) < 0.05
 
 
+@pytest.mark.parametrize("reuse_in_place", [False, True], ids=["copy", "in-place"])
 def test_a_refused_cache_copy_computes_the_prompt_instead(
-    smollm2_model_path: str, tokenizer: LlamaTokenizer, monkeypatch: pytest.MonkeyPatch
+    smollm2_model_path: str,
+    tokenizer: LlamaTokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    reuse_in_place: bool,
 ) -> None:
-    """llama.cpp may refuse a copy (a window-sized SWA cache drops old positions): the hit
-    becomes a full prefill, not an error, and the output is what a cold run gives."""
-    engine = make_core(smollm2_model_path)
+    """llama.cpp may refuse a copy, or a cut of a parked prefix (a window-sized SWA cache
+    drops old positions): the hit becomes a full prefill, not an error, and the output is
+    what a cold run gives."""
+    engine = make_core(smollm2_model_path, reuse_in_place=reuse_in_place)
     try:
         submit(engine, tokenizer, "warm", chat("Tell me about the moon."), max_tokens=1)
         drain(engine)
-        monkeypatch.setattr(engine.backend, "copy_seq", lambda src, dst, n: False)
+        if reuse_in_place:
+            monkeypatch.setattr(engine.backend, "keep_seq", lambda seq, n: False)
+        else:
+            monkeypatch.setattr(engine.backend, "copy_seq", lambda src, dst, n: False)
         before = engine.stats()
         prompt = submit(engine, tokenizer, "q", chat("Tell me about Mars."), max_tokens=8)
         refused = drain(engine)["q"]
@@ -199,6 +213,8 @@ def test_a_refused_cache_copy_computes_the_prompt_instead(
         assert refused[-1].finish_reason == FinishReason.LENGTH
         assert refused[-1].num_cached_tokens == 0 and computed == len(prompt)
         engine.scheduler.prefix_cache.clear()  # type: ignore[union-attr]
+        for slot in engine.scheduler.drop_parked():
+            engine.backend.free_seq(slot)
         submit(engine, tokenizer, "cold", chat("Tell me about Mars."), max_tokens=8)
         cold = drain(engine)["cold"]
         assert cold[-1].num_cached_tokens == 0
@@ -206,6 +222,60 @@ def test_a_refused_cache_copy_computes_the_prompt_instead(
         assert not engine.has_work() and engine.stats().kv_cells_used == 0
     finally:
         engine.close()
+
+
+def _conversation(
+    engine: EngineCore, tokenizer: LlamaTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, list[int]], list[int]]:
+    """Turn 1, turn 2 of the same conversation, then a prompt sharing only the system
+    prompt; returns their tokens and the number of KV copies made before each of turn 2
+    and the prompt, and at the end."""
+    copies: list[tuple[int, int, int]] = []
+    real_copy = engine.backend.copy_seq
+
+    def spy(src: int, dst: int, n: int) -> bool:
+        copies.append((src, dst, n))
+        return real_copy(src, dst, n)
+
+    monkeypatch.setattr(engine.backend, "copy_seq", spy)
+    counts = []
+    submit(engine, tokenizer, "t1", chat("Who wrote Hamlet?"), max_tokens=12)
+    turn1 = drain(engine)["t1"]
+    answer = "".join(d.text for d in turn1)
+    history = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
+    counts.append(len(copies))
+    submit(engine, tokenizer, "t2", chat("When?", history + answer + "<|im_end|>\n"))
+    turn2 = drain(engine)["t2"]
+    counts.append(len(copies))
+    submit(engine, tokenizer, "t3", chat("Name a planet."), max_tokens=12)
+    other = drain(engine)["t3"]
+    counts.append(len(copies))
+    monkeypatch.undo()
+    assert turn2[-1].num_cached_tokens > 0 and other[-1].num_cached_tokens > 0
+    return {"t1": tokens(turn1), "t2": tokens(turn2), "t3": tokens(other)}, counts
+
+
+def test_a_parked_conversation_continues_in_place_as_a_copied_one_would(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turn 2 of a conversation, and a prompt that shares only the system prompt, reuse
+    the parked KV of the request before instead of copying whole KV streams, and
+    generate exactly what the copying prefix cache generates."""
+    results = {}
+    for in_place in (True, False):
+        engine = make_core(smollm2_model_path, reuse_in_place=in_place)
+        try:
+            results[in_place] = _conversation(engine, tokenizer, monkeypatch)
+        finally:
+            engine.close()
+    (parked, parked_copies), (copied, copied_copies) = results[True], results[False]
+    assert parked == copied
+    # parked: turn 2 continues turn 1 in place (no copy); the other prompt first saves
+    # the conversation into a cache slot (one copy) and continues the system prompt
+    assert parked_copies == [0, 0, 1]
+    # copying: each request copies its KV into the cache when it ends, and each hit
+    # copies a cached prefix out
+    assert copied_copies == [1, 3, 5]
 
 
 def test_namespaces_isolate_cached_prefixes(core: EngineCore, tokenizer: LlamaTokenizer) -> None:
@@ -227,7 +297,7 @@ def test_a_preempted_request_resumes_without_losing_or_repeating_tokens(
         submit(engine, tokenizer, "ref", text, max_tokens=40, ignore_eos=True)
         reference = tokens(drain(engine)["ref"])
         engine.scheduler.prefix_cache.clear()  # type: ignore[union-attr]
-        for slot in range(1, 3):
+        for slot in (1, 2, *engine.scheduler.drop_parked()):  # "low" starts cold
             engine.backend.free_seq(slot)
         submit(
             engine, tokenizer, "low", text, max_tokens=40, ignore_eos=True, priority=Priority.LOW

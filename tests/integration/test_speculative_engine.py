@@ -284,7 +284,7 @@ def test_a_speculating_request_survives_preemption_and_the_prefix_cache(
             reference += [t for d in core.step() for t in d.token_ids]
         assert core.scheduler.prefix_cache is not None
         core.scheduler.prefix_cache.clear()
-        for slot in (1, 2):
+        for slot in (1, 2, *core.scheduler.drop_parked()):  # "low" starts cold, as "ref" did
             core.backend.free_seq(slot)
         add("low", prompt, max_tokens=40)
         got: list[int] = []

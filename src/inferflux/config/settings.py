@@ -334,6 +334,13 @@ class PrefixCacheSettings(_Section):
         description="Shorter matches count as misses (copying KV costs about as much as "
         "prefilling a few tokens).",
     )
+    reuse_in_place: bool = Field(
+        True,
+        description="Leave a finished request's KV in its sequence slot; the request that "
+        "continues it (the next turn, or a prompt sharing its start) is admitted into that "
+        "slot and keeps the shared positions with no copy. Per-sequence KV only "
+        "(runtime.kv_unified false), where a copy moves the whole context's cells.",
+    )
     tenant_max_tokens: int | None = Field(
         None,
         ge=1,

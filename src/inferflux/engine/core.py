@@ -24,6 +24,13 @@ from inferflux.engine.backends.base import (
     SamplerSpec,
     StepInterrupted,
 )
+from inferflux.engine.core_stats import (
+    fairness_stats,
+    image_stats,
+    prefix_stats,
+    spec_stats,
+    tier_stats,
+)
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.image_prep import ImagePreparer, ImagePromptError, PreparedPrompt
@@ -32,15 +39,10 @@ from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
     AddRequest,
     EngineStats,
-    FairnessStats,
     FinishReason,
-    ImageStats,
-    KvTierStats,
-    PrefixCacheStats,
     Priority,
     RequestDelta,
     SamplingParams,
-    SpeculativeStats,
     StepStats,
     TokenLogprob,
 )
@@ -56,7 +58,15 @@ from inferflux.errors import (
     KvCacheFull,
 )
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
-from inferflux.scheduler.request import KvFree, KvHydrate, KvOp, KvRestore, PriorityClass
+from inferflux.scheduler.request import (
+    KvCopy,
+    KvFree,
+    KvHydrate,
+    KvKeep,
+    KvOp,
+    KvRestore,
+    PriorityClass,
+)
 
 _PRIORITY_CLASS = {
     Priority.HIGH: PriorityClass.HIGH,
@@ -400,8 +410,11 @@ class EngineCore:
         """Free the KV of every prefix-cache entry, saving them to the host tier first
         when there is one and `spill`; False if there was none."""
         cache = self.scheduler.prefix_cache
+        parked = self.scheduler.drop_parked()
+        for slot in parked:
+            self.backend.free_seq(slot)
         if cache is None or not cache.num_entries:
-            return False
+            return bool(parked)
         slots = cache.evict_all()
         if self.kv_offload is not None:
             if spill:
@@ -455,25 +468,40 @@ class EngineCore:
         for op in ops:
             if isinstance(op, KvFree):
                 self.backend.free_seq(op.seq_id)
-            elif isinstance(op, KvRestore | KvHydrate):
-                if not self._load_kv(op):  # logged why
-                    self.scheduler.cache_copy_failed(op.request)
-                    recompute.add(op.request.request_id)
-            elif self.backend.copy_seq(op.src, op.dst, op.n_tokens):
                 continue
-            elif op.request is not None:
-                logger.warning(
-                    "prefix-cache copy into %s failed; computing its prompt instead",
-                    op.request.request_id,
-                )
-                self.backend.free_seq(op.dst)
+            if isinstance(op, KvRestore | KvHydrate):
+                done = self._load_kv(op)  # logged why not
+            elif isinstance(op, KvKeep):  # a parked prefix continued in place
+                done = self.backend.keep_seq(op.seq_id, op.n_tokens)
+                if not done:
+                    logger.warning(
+                        "reusing the parked prefix of %s failed; computing its prompt instead",
+                        op.request.request_id,
+                    )
+                    self.backend.free_seq(op.seq_id)
+            else:
+                done = self._copy_kv(op)
+            if not done and op.request is not None:
                 self.scheduler.cache_copy_failed(op.request)
-                if self.scheduler.prefix_cache is not None:
-                    self.scheduler.prefix_cache.remove(op.src)
                 recompute.add(op.request.request_id)
-            elif self.scheduler.prefix_cache is not None:
-                self.scheduler.prefix_cache.remove(op.dst)
         return recompute
+
+    def _copy_kv(self, op: KvCopy) -> bool:
+        """A prefix-cache copy (a hit's, or an insert's); a refused one drops its entry."""
+        if self.backend.copy_seq(op.src, op.dst, op.n_tokens):
+            return True
+        cache = self.scheduler.prefix_cache
+        if op.request is not None:
+            logger.warning(
+                "prefix-cache copy into %s failed; computing its prompt instead",
+                op.request.request_id,
+            )
+            self.backend.free_seq(op.dst)
+            if cache is not None:
+                cache.remove(op.src)
+        elif cache is not None:
+            cache.remove(op.dst)
+        return False
 
     def _timed_out(self, request: Request) -> RequestDelta:
         self._recorder.on_finished(request, FinishReason.TIMEOUT)
@@ -669,11 +697,11 @@ class EngineCore:
             waiting_by_priority={
                 p.name.lower(): n for p, n in self.scheduler.num_waiting_by_class().items()
             },
-            fairness=_fairness_stats(self.scheduler),
-            prefix_cache=_prefix_stats(self.scheduler),
-            kv_tiers=_tier_stats(self.kv_offload),
-            speculative=_spec_stats(self.speculator),
-            images=_image_stats(self.images),
+            fairness=fairness_stats(self.scheduler),
+            prefix_cache=prefix_stats(self.scheduler),
+            kv_tiers=tier_stats(self.kv_offload),
+            speculative=spec_stats(self.speculator),
+            images=image_stats(self.images),
             role=self.role,
             tickets=(
                 msgspec.structs.replace(self.handoffs.end.recorder.stats)
@@ -686,71 +714,13 @@ class EngineCore:
         """Abort everything and free the backend."""
         self.abort_requests(self.request_ids())
         if self.kv_offload is not None:
-            self.kv_offload.close(self.scheduler.prefix_cache)  # the final snapshot
+            parked = self.scheduler.parked.entries() if self.scheduler.parked else []
+            self.kv_offload.close(self.scheduler.prefix_cache, parked)  # the final snapshot
         if self.speculator is not None:
             self.speculator.close()
         if self.images is not None:
             self.images.close()  # before the model its encoder points into
         self.backend.close()
-
-
-def _image_stats(images: ImagePreparer | None) -> ImageStats | None:
-    if images is None:
-        return None
-    return ImageStats(
-        num_images_total=images.num_images,
-        encode_seconds_total=images.encode_s,
-        num_preparing=len(images),
-        rows_bytes=images.rows.nbytes,
-    )
-
-
-def _fairness_stats(scheduler: Scheduler) -> FairnessStats:
-    c = scheduler.counters
-    return FairnessStats(
-        preemptions=c.preemptions,
-        yields=c.yields,
-        resumes=c.resumes,
-        timeouts=c.timeouts,
-        tokens={p.name.lower(): n for p, n in c.tokens.items()},
-        interrupts=c.interrupts,
-    )
-
-
-def _prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
-    cache = scheduler.prefix_cache
-    if cache is None:
-        return None
-    c = cache.stats
-    return PrefixCacheStats(
-        hits=c.hits,
-        misses=c.misses,
-        partial_hits=c.partial_hits,
-        matched_tokens=c.matched_tokens,
-        evictions=c.evictions,
-        inserts=c.inserts,
-        entries=cache.num_entries,
-        cached_tokens=cache.cached_tokens,
-        max_tokens=cache.max_tokens,
-    )
-
-
-def _tier_stats(offload: KvOffload | None) -> KvTierStats | None:
-    return msgspec.structs.replace(offload.stats) if offload is not None else None
-
-
-def _spec_stats(speculator: NgramProposer | None) -> SpeculativeStats | None:
-    if speculator is None:
-        return None
-    c = speculator.counters
-    return SpeculativeStats(
-        chunks=c.chunks,
-        chunks_accepted=c.chunks_accepted,
-        drafted_tokens=c.drafted_tokens,
-        accepted_tokens=c.accepted_tokens,
-        match_rates=list(speculator.prior.rates),  # rounded by /server/stats
-        match_seen=list(speculator.prior.seen),
-    )
 
 
 def _scores_prompt(chunk: ScheduledChunk, state: _SequenceState) -> bool:

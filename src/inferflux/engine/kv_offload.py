@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,6 +40,7 @@ from inferflux.engine.kv_state import (
 from inferflux.engine.kv_tiers import KvTierStore, Tier, TierEntry
 from inferflux.engine.messages import KvTierStats
 from inferflux.scheduler.lower_tiers import LowerTierHit
+from inferflux.scheduler.parking import Parked
 from inferflux.scheduler.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class KvStateBackend(Protocol):
     def save_seq(self, seq_id: int) -> bytes: ...
 
     def load_seq(self, seq_id: int, data: bytes, n_tokens: int) -> bool: ...
+
+    def trim_seq(self, seq_id: int, n_tokens: int) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -233,10 +237,13 @@ class KvOffload:
         if time.monotonic() - self._last_snapshot_at >= interval:
             self.write_snapshot(final=False, cache=cache)
 
-    def write_snapshot(self, *, final: bool, cache: PrefixCache | None) -> int:
+    def write_snapshot(
+        self, *, final: bool, cache: PrefixCache | None, parked: Sequence[Parked] = ()
+    ) -> int:
         """Write the snapshot manifest (kv_disk.py). `final` (shutdown) first serializes
-        the slots' entries and moves the host tier to disk, waiting for the writes; a
-        periodic one names only what is completely on disk already. Returns entries named."""
+        the slots' entries and the `parked` prefixes (scheduler/parking.py) and moves the
+        host tier to disk, waiting for the writes; a periodic one names only what is
+        completely on disk already. Returns entries named."""
         self._last_snapshot_at = time.monotonic()
         if self.disk is None:
             return 0
@@ -244,6 +251,9 @@ class KvOffload:
             self.spill_pending()
             for slot, namespace, token_ids in cache.entries() if cache is not None else []:
                 self._spill(slot, namespace, token_ids)
+            for entry in parked:  # its slot may hold more: a request's last decode
+                if self.backend.trim_seq(entry.slot, len(entry.tokens)):
+                    self._spill(entry.slot, entry.namespace, entry.tokens)
             self.store.demote_all()
             self.disk.flush()
         self._forget_failed_writes()
@@ -313,12 +323,12 @@ class KvOffload:
         )
         return self.store.adopt(entry)
 
-    def close(self, cache: PrefixCache | None) -> None:
+    def close(self, cache: PrefixCache | None, parked: Sequence[Parked] = ()) -> None:
         """Shutdown: the final snapshot when persistence is on, then stop the writers."""
         try:
             if self.config.persist:
                 started = time.monotonic()
-                n = self.write_snapshot(final=True, cache=cache)
+                n = self.write_snapshot(final=True, cache=cache, parked=parked)
                 logger.info(
                     "KV snapshot: %d entries written in %.2fs", n, time.monotonic() - started
                 )

@@ -295,6 +295,7 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
         kv_capacity=kv_capacity,
         policy=scheduling_policy(config.scheduling),
         prefix_cache=cache,
+        park=config.scheduling.prefix_cache.reuse_in_place,
     )
     offload = build_kv_offload(
         backend,

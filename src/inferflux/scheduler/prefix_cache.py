@@ -144,6 +144,19 @@ class PrefixCache:
         self._touch(entry)
         return found
 
+    def peek(self, namespace: str, tokens: list[int], *, max_length: int) -> Match | None:
+        """What `match` would return, counting and touching nothing."""
+        found = self._longest(namespace, tokens, max_length)
+        return found if found is not None and found.length >= self.min_match else None
+
+    def count_hit(self, length: int, entry_length: int) -> None:
+        """Count a hit served outside the index (a prefix parked in a request's slot:
+        scheduler/parking.py), so the counters mean what a user reads into them."""
+        self.stats.hits += 1
+        self.stats.matched_tokens += length
+        if length < entry_length:
+            self.stats.partial_hits += 1
+
     def _longest(self, namespace: str, tokens: list[int], max_length: int) -> Match | None:
         node = self._roots.get(namespace)
         matched = 0

@@ -165,7 +165,17 @@ class KvHydrate:
     request: Request
 
 
-KvOp = KvCopy | KvFree | KvRestore | KvHydrate
+@dataclass(frozen=True, slots=True)
+class KvKeep:
+    """Keep the first `n_tokens` positions of sequence `seq_id` and drop the rest: the
+    request continues a prefix parked in its slot (scheduler/parking.py), in place."""
+
+    seq_id: SeqId
+    n_tokens: int
+    request: Request
+
+
+KvOp = KvCopy | KvFree | KvRestore | KvHydrate | KvKeep
 
 
 @dataclass(frozen=True, slots=True)

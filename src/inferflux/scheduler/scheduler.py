@@ -60,9 +60,10 @@ Fairness. When a waiting request cannot be admitted (no slot, or no KV cells):
   still being prefilled goes only when no decoding request can;
 - otherwise a running request of a worse class that produced `max_timeslice_tokens`
   since its admission gives its slot back (a yield).
-Either way its KV is first copied into the prefix cache, it returns to the front of its
-queue with its tokens and sampler state, and on resume only what the cache lost is
-recomputed: nothing is lost or repeated.
+Either way its KV is first copied into the prefix cache (or parked), it returns to the
+front of its queue with its tokens and sampler state, and on resume only what the cache
+lost is recomputed: nothing is lost or repeated.
+Parked slots (`park`): a finished request's KV stays in its slot (scheduler/parking.py).
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ from dataclasses import dataclass, field
 
 from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
+from inferflux.scheduler.parking import ParkedSlots
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
     KvFree,
     KvHydrate,
+    KvKeep,
     KvOp,
     KvRestore,
     PriorityClass,
@@ -196,16 +199,21 @@ class Scheduler:
         policy: SchedulingPolicy | None = None,
         prefix_cache: PrefixCache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        park: bool = False,
     ) -> None:
         """`kv_capacity`: cells shared by all running sequences (unified KV), or None
         when each sequence slot has a full context of its own. Running requests use
-        slots 0..max_num_seqs-1; the prefix cache's slots are its own."""
+        slots 0..max_num_seqs-1; the prefix cache's slots are its own. `park`: leave
+        finished requests' KV in their slots (with the prefix cache, per-sequence KV)."""
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.kv_capacity = kv_capacity
         self.policy = policy or SchedulingPolicy()
         self.prefix_cache = prefix_cache
         self.clock = clock
+        self.parked: ParkedSlots | None = None
+        if park and prefix_cache is not None and kv_capacity is None:
+            self.parked = ParkedSlots(prefix_cache.min_match)
         self.counters = FairnessCounters()
         self.step_cost = StepCostModel()  # fed by EngineCore with every step's time
         self.memory_pressure = False  # set by EngineCore: half admissions and budget
@@ -296,14 +304,20 @@ class Scheduler:
         heapq.heappush(self._free_seq_ids, seq_id)
         ops: list[KvOp] = []
         if cache and self.prefix_cache is not None and request.use_prefix_cache:
-            ops.extend(self._cache_insert(request, seq_id))
+            tokens = request.computed_token_ids()
+            if self.parked is not None and self.parked.park(
+                seq_id, request.cache_namespace, tokens
+            ):
+                return ops  # its KV stays where it is
+            ops.extend(self._cache_insert(request.cache_namespace, tokens, seq_id))
         ops.append(KvFree(seq_id))
         return ops
 
-    def _cache_insert(self, request: Request, seq_id: SeqId) -> list[KvOp]:
+    def _cache_insert(
+        self, namespace: str, tokens: list[int], seq_id: SeqId, protected: int = -1
+    ) -> list[KvOp]:
         assert self.prefix_cache is not None
-        tokens = request.computed_token_ids()
-        inserted = self.prefix_cache.insert(request.cache_namespace, tokens)
+        inserted = self.prefix_cache.insert(namespace, tokens, protected=protected)
         if inserted is None:
             return []
         ops: list[KvOp] = [KvFree(SeqId(s)) for s in inserted.evicted if s != inserted.slot]
@@ -576,9 +590,7 @@ class Scheduler:
 
     def _admit(self, request: Request, kv_ops: list[KvOp]) -> None:
         self.queues[request.priority].remove(request)
-        # NOTE: the lowest free slot keeps active seq ids packed; scattered slots made
-        # llama_decode up to 2x slower in per-sequence KV mode (docs/engine-notes.md).
-        seq_id = SeqId(heapq.heappop(self._free_seq_ids))
+        seq_id, kept = self._slot_for(request, kv_ops)
         request.seq_id = seq_id
         request.status = RequestStatus.RUNNING
         request.output_len_at_admit = len(request.output_token_ids)
@@ -588,7 +600,52 @@ class Scheduler:
         if self.kv_capacity is not None:
             self._reserved_cells += request.max_total_tokens
         self.running.append(request)
-        self._reuse_prefix(request, seq_id, kv_ops)
+        if kept:
+            request.num_computed_tokens = kept
+            if not request.num_preemptions:
+                request.num_cached_tokens = min(kept, request.num_prompt_tokens)
+        else:
+            self._reuse_prefix(request, seq_id, kv_ops)
+
+    def _slot_for(self, request: Request, kv_ops: list[KvOp]) -> tuple[SeqId, int]:
+        """The request's slot, and how many leading tokens of its own KV that slot
+        already holds (a parked prefix it continues; 0: none)."""
+        parked, cache = self.parked, self.prefix_cache
+        peek = None
+        if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
+            tokens = request.prompt_token_ids + request.output_token_ids
+            limit = len(tokens) - 1  # the last token is computed: its logits give a sample
+            found = parked.best(
+                request.cache_namespace, tokens, max_length=limit, free=self._free_seq_ids
+            )
+            peek = cache.peek(request.cache_namespace, tokens, max_length=limit)
+            if found is not None and found[1] >= (peek.length if peek else 0):
+                entry, kept = found
+                self._free_seq_ids.remove(entry.slot)
+                heapq.heapify(self._free_seq_ids)
+                cache.count_hit(kept, len(entry.tokens))
+                kv_ops.extend(self._unpark(SeqId(entry.slot), kept))
+                kv_ops.append(KvKeep(SeqId(entry.slot), kept, request))
+                return SeqId(entry.slot), kept
+        # NOTE: the lowest free slot keeps active seq ids packed; scattered slots made
+        # llama_decode up to 2x slower in per-sequence KV mode (docs/engine-notes.md).
+        seq_id = SeqId(heapq.heappop(self._free_seq_ids))
+        if parked and seq_id in parked:  # never evicting the entry the request will copy
+            kv_ops.extend([*self._unpark(seq_id, 0, peek.slot if peek else -1), KvFree(seq_id)])
+        return seq_id, 0
+
+    def _unpark(self, seq_id: SeqId, kept: int, protected: int = -1) -> list[KvOp]:
+        """`seq_id`'s parked prefix, of which the new request keeps `kept` tokens, goes
+        into the prefix cache when the rest is worth a copy (before the slot changes)."""
+        assert self.parked is not None and self.prefix_cache is not None
+        entry = self.parked.take(seq_id)
+        if entry is None or len(entry.tokens) - kept < self.parked.min_match:
+            return []
+        return self._cache_insert(entry.namespace, entry.tokens, seq_id, protected)
+
+    def drop_parked(self) -> list[int]:
+        """Forget every parked prefix; returns the slots whose KV to free."""
+        return self.parked.clear() if self.parked is not None else []
 
     def _reuse_prefix(self, request: Request, seq_id: SeqId, kv_ops: list[KvOp]) -> None:
         """On a prefix-cache hit, copy the cached KV into the request's slot, or restore

@@ -22,6 +22,10 @@ class FakeKvBackend:
         self.seqs[seq_id] = n_tokens
         return len(data) >= 100 * n_tokens
 
+    def trim_seq(self, seq_id: int, n_tokens: int) -> bool:
+        self.seqs[seq_id] = min(self.seqs.get(seq_id, 0), n_tokens)
+        return True
+
 
 def _offload(host_max_bytes: int = 1_000_000) -> tuple[KvOffload, FakeKvBackend]:
     backend = FakeKvBackend()

@@ -3,9 +3,13 @@ random orders, with preemption, yields, the prefix cache and queue timeouts all 
 
 Invariants: no request is lost or duplicated; each ends in exactly one terminal state;
 first admissions are FIFO within a priority class; slots are never shared; every KV op
-names a valid sequence; a timed-out request never runs afterwards. The machine runs twice:
-with every step carrying each stream's token, and with prompt bursts (`burst_stall_s`),
-where the streams stand aside and prompts go shortest first.
+names a valid sequence; a timed-out request never runs afterwards. A model of every
+sequence's KV (which token sits at which position, moved by the KV ops) checks that each
+chunk extends exactly the tokens its request has computed, and that each prefix-cache
+entry and parked prefix holds the tokens the index says. The machine runs three times:
+with every step carrying each stream's token; with prompt bursts (`burst_stall_s`),
+where the streams stand aside and prompts go shortest first; and with finished requests'
+KV parked in their slots and continued in place (`park`, scheduler/parking.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from inferflux.scheduler import Request, RequestId, RequestStatus, Scheduler
 from inferflux.scheduler.prefix_cache import PrefixCache
-from inferflux.scheduler.request import KvCopy, KvFree, KvOp, PriorityClass
+from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvOp, PriorityClass
 from inferflux.scheduler.scheduler import SchedulingPolicy
 
 MAX_SEQS = 3
@@ -25,6 +29,7 @@ CACHE_SLOTS = [3, 4]
 
 class SchedulerMachine(RuleBasedStateMachine):
     burst_stall_s = 0.0
+    park = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,7 +47,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             ),
             prefix_cache=PrefixCache(CACHE_SLOTS, max_tokens=30, min_match=2),
             clock=lambda: self.now,
+            park=self.park,
         )
+        self.kv: dict[int, list[int]] = {}  # sequence -> the token at each position
         self.submitted: dict[str, Request] = {}
         self.terminal: dict[str, str] = {}
         self.first_admitted: list[str] = []
@@ -98,6 +105,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert request.request_id not in self.terminal
             assert request.request_id in self.first_admitted
             assert chunk.start_pos == request.num_computed_tokens
+            known = request.prompt_token_ids + request.output_token_ids
+            held = self.kv.get(chunk.seq_id, [])
+            assert held == known[: chunk.start_pos]  # the KV it continues is its own
+            assert (
+                chunk.token_ids == known[chunk.start_pos : chunk.start_pos + len(chunk.token_ids)]
+            )
+            self.kv[chunk.seq_id] = held + chunk.token_ids
             request.num_computed_tokens += len(chunk.token_ids)
             if chunk.sample:
                 request.output_token_ids.append(1)
@@ -114,14 +128,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.submitted[rid].status == RequestStatus.FINISHED
 
     def _check_ops(self, ops: list[KvOp]) -> None:
+        """Every op names valid sequences; apply it to the KV model."""
         valid = set(range(MAX_SEQS)) | set(CACHE_SLOTS)
         for op in ops:
             if isinstance(op, KvFree):
                 assert op.seq_id in valid
+                self.kv[op.seq_id] = []
+            elif isinstance(op, KvKeep):
+                assert self.park and 0 <= op.seq_id < MAX_SEQS
+                assert 0 < op.n_tokens <= len(self.kv.get(op.seq_id, []))
+                self.kv[op.seq_id] = self.kv[op.seq_id][: op.n_tokens]
             else:
                 assert isinstance(op, KvCopy)
                 assert op.src in valid and op.dst in valid and op.src != op.dst
-                assert op.n_tokens > 0
+                assert 0 < op.n_tokens <= len(self.kv.get(op.src, []))
+                self.kv[op.dst] = self.kv[op.src][: op.n_tokens]
 
     # -- invariants ----------------------------------------------------------------
     @invariant()
@@ -154,6 +175,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         cache = self.sched.prefix_cache
         assert cache is not None and cache.cached_tokens <= 30
 
+    @invariant()
+    def cached_and_parked_prefixes_hold_their_tokens(self) -> None:
+        cache = self.sched.prefix_cache
+        assert cache is not None
+        for slot, _, tokens in cache.entries():
+            assert slot in CACHE_SLOTS and self.kv.get(slot) == tokens
+        parked = self.sched.parked
+        assert (parked is not None) == self.park
+        running = {r.seq_id for r in self.sched.running}
+        for entry in parked.entries() if parked is not None else []:
+            assert entry.slot not in running and self.kv.get(entry.slot) == entry.tokens
+
 
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
@@ -165,6 +198,14 @@ class BurstSchedulerMachine(SchedulerMachine):
 
 TestBurstScheduler = BurstSchedulerMachine.TestCase
 TestBurstScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+class ParkedSchedulerMachine(SchedulerMachine):
+    park = True
+
+
+TestParkedScheduler = ParkedSchedulerMachine.TestCase
+TestParkedScheduler.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 
 def test_low_priority_wait_is_bounded_under_saturating_high_priority_load() -> None:

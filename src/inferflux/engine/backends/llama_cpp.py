@@ -603,6 +603,14 @@ class LlamaCppBackend:
         ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         return self.trim_seq(dst, n_tokens)
 
+    def keep_seq(self, seq_id: int, n_tokens: int) -> bool:
+        """Cut `seq_id` to its first `n_tokens` positions in place (no copy); False
+        (cleared) when the window they leave would not cover the next token."""
+        if self._window_covers(seq_id, n_tokens):
+            return self.trim_seq(seq_id, n_tokens)
+        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        return False
+
     def _window_covers(self, seq_id: int, n_tokens: int) -> bool:
         """True when `seq_id`, cut to `n_tokens`, still holds what the next position
         attends to. Check before cutting: once cut, an emptied window is not visible.

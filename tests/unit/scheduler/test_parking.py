@@ -1,0 +1,177 @@
+"""Parked slots: a finished request's KV stays in its slot and the request that continues
+it keeps the shared positions in place (pure logic: scheduler/parking.py and the
+scheduler's admission; the real engine: tests/integration/test_scheduling_engine.py)."""
+
+from __future__ import annotations
+
+import random
+
+from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
+from inferflux.scheduler.parking import ParkedSlots, common_prefix
+from inferflux.scheduler.prefix_cache import PrefixCache
+from inferflux.scheduler.request import KvCopy, KvFree, KvKeep
+
+CACHE_SLOTS = [2, 3]
+
+
+def scheduler(*, park: bool = True, seqs: int = 2) -> Scheduler:
+    return Scheduler(
+        max_num_seqs=seqs,
+        max_batch_tokens=64,
+        kv_capacity=None,
+        prefix_cache=PrefixCache(CACHE_SLOTS, max_tokens=1000, min_match=4),
+        park=park,
+    )
+
+
+def request(rid: str, prompt: list[int], namespace: str = "") -> Request:
+    return Request(RequestId(rid), prompt_token_ids=prompt, max_tokens=3, cache_namespace=namespace)
+
+
+def run_to_end(sched: Scheduler, rid: str) -> list[SchedulerOutput]:
+    """Step until `rid` has its 3 tokens, then finish it (cacheable) like EngineCore."""
+    outs = []
+    while True:
+        out = sched.schedule()
+        outs.append(out)
+        for chunk in out.chunks:
+            chunk.request.num_computed_tokens += len(chunk.token_ids)
+            if chunk.sample:
+                chunk.request.output_token_ids.append(99)
+        req = sched.get(RequestId(rid))
+        assert req is not None
+        if len(req.output_token_ids) == 3:
+            _, ops = sched.finish(RequestId(rid), cache=True)
+            outs[-1].kv_ops.extend(ops)
+            return outs
+
+
+SYSTEM = list(range(100, 120))  # a 20-token shared start
+
+
+def test_common_prefix_matches_a_token_by_token_count() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        n = rng.randint(0, 60)
+        a = [rng.randint(0, 3) for _ in range(n)]
+        b = a[: rng.randint(0, n)] + [rng.randint(0, 3) for _ in range(rng.randint(0, 20))]
+        limit = rng.randint(0, 80)
+        expected = 0
+        while expected < min(len(a), len(b), limit) and a[expected] == b[expected]:
+            expected += 1
+        assert common_prefix(a, b, limit) == expected
+
+
+def test_the_furthest_continuation_wins_and_ties_go_to_the_lowest_slot() -> None:
+    parked = ParkedSlots(min_match=3)
+    assert not parked.park(5, "", [1, 2])  # too short to be worth keeping
+    parked.park(4, "", [1, 2, 3, 4])
+    parked.park(1, "", [1, 2, 3, 9])
+    parked.park(0, "other", [1, 2, 3, 4, 5])
+    found = parked.best("", [1, 2, 3, 4, 5], max_length=4, free=[0, 1, 4])
+    assert found is not None and (found[0].slot, found[1]) == (4, 4)
+    found = parked.best("", [1, 2, 3, 7], max_length=10, free=[0, 1, 4])
+    assert found is not None and (found[0].slot, found[1]) == (1, 3)  # tie: lowest
+    assert parked.best("", [1, 2, 3, 4], max_length=10, free=[0]) is None  # namespaces
+    assert parked.best("", [1, 2, 7], max_length=10, free=[1, 4]) is None  # < min_match
+
+
+def test_the_next_turn_continues_its_slot_in_place_with_no_copy() -> None:
+    sched = scheduler()
+    sched.add(request("t1", SYSTEM + [1, 2, 3]))
+    outs = run_to_end(sched, "t1")
+    assert outs[0].chunks[0].seq_id == 0
+    assert not any(op for out in outs for op in out.kv_ops)  # parked: no copy, no free
+    history = SYSTEM + [1, 2, 3, 99, 99]  # the prompt and the answer's computed tokens
+    assert sched.parked is not None and sched.parked.entries()[0].tokens == history
+    t2 = request("t2", history + [99, 7, 8])  # the next turn
+    sched.add(t2)
+    out = sched.schedule()
+    assert out.kv_ops == [KvKeep(SeqId(0), len(history), t2)]
+    (chunk,) = out.chunks
+    assert chunk.seq_id == 0 and chunk.start_pos == len(history)
+    assert chunk.token_ids == [99, 7, 8]
+    assert t2.num_cached_tokens == len(history)
+    cache = sched.prefix_cache
+    assert cache is not None and cache.stats.hits == 1 and cache.num_entries == 0
+
+
+def test_a_request_that_shares_only_the_start_moves_the_rest_to_the_cache() -> None:
+    sched = scheduler()
+    sched.add(request("a", SYSTEM + [1, 2, 3, 4, 5]))
+    run_to_end(sched, "a")
+    b = request("b", SYSTEM + [7, 7, 7])
+    sched.add(b)
+    out = sched.schedule()
+    # the parked conversation is copied into a cache slot, then cut to the shared start
+    assert out.kv_ops == [KvCopy(SeqId(0), SeqId(2), 27), KvKeep(SeqId(0), 20, b)]
+    assert out.chunks[0].seq_id == 0 and out.chunks[0].start_pos == 20
+    cache = sched.prefix_cache
+    assert cache is not None and cache.entries() == [(2, "", SYSTEM + [1, 2, 3, 4, 5, 99, 99])]
+
+
+def test_a_request_that_shares_nothing_takes_the_lowest_slot_and_saves_what_it_held() -> None:
+    sched = scheduler()
+    sched.add(request("a", SYSTEM))
+    run_to_end(sched, "a")
+    other = request("o", [5, 6, 7, 8, 9])
+    sched.add(other)
+    out = sched.schedule()
+    assert out.kv_ops == [KvCopy(SeqId(0), SeqId(2), 22), KvFree(SeqId(0))]
+    assert out.chunks[0].seq_id == 0 and out.chunks[0].start_pos == 0
+    assert sched.parked is not None and len(sched.parked) == 0
+
+
+def test_another_namespace_never_continues_a_parked_prefix() -> None:
+    sched = scheduler()
+    sched.add(request("a", SYSTEM, namespace="tenant-a"))
+    run_to_end(sched, "a")
+    b = request("b", SYSTEM + [1], namespace="tenant-b")
+    sched.add(b)
+    out = sched.schedule()
+    assert not any(isinstance(op, KvKeep) for op in out.kv_ops)
+    assert out.chunks[0].start_pos == 0 and b.num_cached_tokens == 0
+
+
+def test_a_longer_cached_prefix_beats_a_shorter_parked_one() -> None:
+    sched = scheduler()
+    cache = sched.prefix_cache
+    assert cache is not None
+    long_prefix = SYSTEM + [1, 2, 3, 4, 5, 6]
+    cache.insert("", long_prefix)  # as if copied into slot 2 earlier
+    sched.add(request("a", SYSTEM + [9, 9, 9, 9]))
+    run_to_end(sched, "a")
+    b = request("b", long_prefix + [8])
+    sched.add(b)
+    out = sched.schedule()
+    assert KvCopy(SeqId(2), SeqId(0), len(long_prefix), request=b) in out.kv_ops
+    assert out.chunks[0].start_pos == len(long_prefix)
+
+
+def test_without_park_a_finish_copies_into_the_cache_as_before() -> None:
+    sched = scheduler(park=False)
+    sched.add(request("a", SYSTEM))
+    outs = run_to_end(sched, "a")
+    assert outs[-1].kv_ops == [KvCopy(SeqId(0), SeqId(2), 22), KvFree(SeqId(0))]
+    assert sched.parked is None
+
+
+def test_unified_kv_never_parks() -> None:
+    sched = Scheduler(
+        max_num_seqs=2,
+        max_batch_tokens=64,
+        kv_capacity=4096,
+        prefix_cache=PrefixCache(CACHE_SLOTS, max_tokens=1000, min_match=4),
+        park=True,
+    )
+    assert sched.parked is None
+
+
+def test_dropping_parked_prefixes_names_their_slots() -> None:
+    sched = scheduler()
+    sched.add(request("a", SYSTEM))
+    run_to_end(sched, "a")
+    assert sched.drop_parked() == [0]
+    sched.add(request("b", SYSTEM + [1]))
+    out = sched.schedule()
+    assert out.kv_ops == [] and out.chunks[0].start_pos == 0
