@@ -65,6 +65,7 @@ from inferflux.scheduler.request import (
     KvKeep,
     KvOp,
     KvRestore,
+    KvSave,
     PriorityClass,
 )
 
@@ -466,8 +467,8 @@ class EngineCore:
         if self.kv_offload is not None:
             self.kv_offload.spill_pending()  # evicted entries, before their slots change
         for op in ops:
-            if isinstance(op, KvFree):
-                self.backend.free_seq(op.seq_id)
+            if isinstance(op, KvFree | KvSave):
+                self._free_or_save(op)
                 continue
             if isinstance(op, KvRestore | KvHydrate):
                 done = self._load_kv(op)  # logged why not
@@ -485,6 +486,12 @@ class EngineCore:
                 self.scheduler.cache_copy_failed(op.request)
                 recompute.add(op.request.request_id)
         return recompute
+
+    def _free_or_save(self, op: KvFree | KvSave) -> None:
+        if isinstance(op, KvFree):
+            self.backend.free_seq(op.seq_id)
+        elif self.kv_offload is not None:
+            self.kv_offload.save_parked(op.seq_id, op.namespace, op.token_ids)
 
     def _copy_kv(self, op: KvCopy) -> bool:
         """A prefix-cache copy (a hit's, or an insert's); a refused one drops its entry."""

@@ -141,6 +141,14 @@ class KvOffload:
         for slot, namespace, token_ids in pending:
             self._spill(slot, namespace, token_ids)
 
+    def save_parked(self, slot: int, namespace: str, token_ids: list[int]) -> None:
+        """Serialize a parked prefix (scheduler/parking.py) into the host tier now,
+        before its slot changes."""
+        self._forget_failed_writes()
+        # its slot may hold positions past `token_ids` (the last decode's drafts)
+        if self.backend.trim_seq(slot, len(token_ids)):
+            self._spill(slot, namespace, token_ids)
+
     def _spill(self, slot: int, namespace: str, token_ids: list[int]) -> None:
         if self.store.covers(namespace, token_ids):
             return  # already kept (a restore of it, or a longer entry)
@@ -251,9 +259,8 @@ class KvOffload:
             self.spill_pending()
             for slot, namespace, token_ids in cache.entries() if cache is not None else []:
                 self._spill(slot, namespace, token_ids)
-            for entry in parked:  # its slot may hold more: a request's last decode
-                if self.backend.trim_seq(entry.slot, len(entry.tokens)):
-                    self._spill(entry.slot, entry.namespace, entry.tokens)
+            for entry in parked:
+                self.save_parked(entry.slot, entry.namespace, entry.tokens)
             self.store.demote_all()
             self.disk.flush()
         self._forget_failed_writes()

@@ -175,7 +175,18 @@ class KvKeep:
     request: Request
 
 
-KvOp = KvCopy | KvFree | KvRestore | KvHydrate | KvKeep
+@dataclass(frozen=True, slots=True)
+class KvSave:
+    """Serialize sequence `seq_id`, which holds `token_ids` of `namespace`, into the lower
+    tiers (engine/kv_offload.py): a parked prefix that a request displaces. Costs what
+    the tokens hold, where a copy into a cache slot moves the whole context's cells."""
+
+    seq_id: SeqId
+    namespace: str
+    token_ids: list[int]
+
+
+KvOp = KvCopy | KvFree | KvRestore | KvHydrate | KvKeep | KvSave
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,7 @@ from inferflux.scheduler.request import (
     KvKeep,
     KvOp,
     KvRestore,
+    KvSave,
     PriorityClass,
     Request,
     RequestId,
@@ -608,8 +609,7 @@ class Scheduler:
             self._reuse_prefix(request, seq_id, kv_ops)
 
     def _slot_for(self, request: Request, kv_ops: list[KvOp]) -> tuple[SeqId, int]:
-        """The request's slot, and how many leading tokens of its own KV that slot
-        already holds (a parked prefix it continues; 0: none)."""
+        """The request's slot, and how many of its leading tokens that slot holds already."""
         parked, cache = self.parked, self.prefix_cache
         peek = None
         if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
@@ -635,12 +635,13 @@ class Scheduler:
         return seq_id, 0
 
     def _unpark(self, seq_id: SeqId, kept: int, protected: int = -1) -> list[KvOp]:
-        """`seq_id`'s parked prefix, of which the new request keeps `kept` tokens, goes
-        into the prefix cache when the rest is worth a copy (before the slot changes)."""
+        """Save `seq_id`'s parked prefix, of which `kept` tokens stay, if the rest is worth it."""
         assert self.parked is not None and self.prefix_cache is not None
         entry = self.parked.take(seq_id)
         if entry is None or len(entry.tokens) - kept < self.parked.min_match:
             return []
+        if self.lower_tiers is not None:  # host RAM: a save costs what the tokens hold
+            return [KvSave(seq_id, entry.namespace, entry.tokens)]
         return self._cache_insert(entry.namespace, entry.tokens, seq_id, protected)
 
     def drop_parked(self) -> list[int]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 
 from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
+from inferflux.scheduler.lower_tiers import LowerTierHit
 from inferflux.scheduler.parking import ParkedSlots, common_prefix
 from inferflux.scheduler.prefix_cache import PrefixCache
-from inferflux.scheduler.request import KvCopy, KvFree, KvKeep
+from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvSave
 
 CACHE_SLOTS = [2, 3]
 
@@ -175,3 +176,26 @@ def test_dropping_parked_prefixes_names_their_slots() -> None:
     sched.add(request("b", SYSTEM + [1]))
     out = sched.schedule()
     assert out.kv_ops == [] and out.chunks[0].start_pos == 0
+
+
+class FakeLowerTiers:
+    """A fake host tier for pure logic: it never holds a longer prefix."""
+
+    def match(
+        self, namespace: str, token_ids: list[int], *, max_length: int, have: int
+    ) -> LowerTierHit | None:
+        return None
+
+
+def test_with_a_host_tier_a_displaced_prefix_is_saved_there_not_copied() -> None:
+    sched = scheduler()
+    sched.lower_tiers = FakeLowerTiers()
+    sched.add(request("a", SYSTEM + [1, 2, 3, 4, 5]))
+    run_to_end(sched, "a")
+    b = request("b", SYSTEM + [7, 7, 7])
+    sched.add(b)
+    out = sched.schedule()
+    saved = SYSTEM + [1, 2, 3, 4, 5, 99, 99]
+    assert out.kv_ops == [KvSave(SeqId(0), "", saved), KvKeep(SeqId(0), 20, b)]
+    cache = sched.prefix_cache
+    assert cache is not None and cache.num_entries == 0
