@@ -40,12 +40,13 @@ class NvmeOffloadSettings(_Section):
 
 class PagedKvSettings(_Section):
     cpu_pages: int = Field(
-        0,
+        512,
         ge=0,
         le=16 * 1024 * 1024,
         description="Host-RAM tier of the prefix cache in 1 MiB pages per worker (env "
-        "INFERFLUX_KV_CPU_PAGES): entries evicted from llama.cpp sequences are serialized "
-        "here and restored when that is cheaper than recomputing. 0 = no host tier.",
+        "INFERFLUX_KV_CPU_PAGES), filled as needed: entries evicted from llama.cpp sequences "
+        "and parked prefixes a request displaces are serialized here and restored when that "
+        "is cheaper than recomputing. 0 = no host tier.",
     )
     eviction: Literal["lru"] = Field(
         "lru", description="Eviction order of each tier (env INFERFLUX_KV_EVICTION)."

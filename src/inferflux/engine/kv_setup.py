@@ -40,6 +40,18 @@ def tiers_enabled(paged_kv: PagedKvSettings, nvme: NvmeOffloadSettings) -> bool:
     return paged_kv.cpu_pages > 0 or bool(nvme.path)
 
 
+def process_identity(model_path: str, adapters: tuple[tuple[str, float], ...]) -> str:
+    """The model's identity for a host-RAM tier alone: its blobs never leave the engine
+    that wrote them, so the files' paths, sizes and mtimes name it (no hashing of a
+    multi-GB file at every start; `model_identity` when blobs go to disk)."""
+    parts = []
+    for p in [model_path] + [a for a, _ in adapters]:
+        stat = os.stat(p)
+        parts.append(f"{os.path.realpath(p)}:{stat.st_size}:{stat.st_mtime_ns}")
+    parts += [str(scale) for _, scale in adapters]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
 def model_identity(
     model_path: str, sha256: str, adapters: tuple[tuple[str, float], ...], cache_dir: Path | None
 ) -> str:

@@ -24,6 +24,12 @@ def test_spec_env_names_set_the_tiers() -> None:
     assert runtime.paged_kv.eviction == "lru"
 
 
+def test_a_host_tier_is_on_by_default_and_zero_turns_it_off() -> None:
+    assert load_settings(env={}).runtime.paged_kv.host_max_bytes == 512 * 1024 * 1024
+    off = load_settings(env={"INFERFLUX_KV_CPU_PAGES": "0"}).runtime.paged_kv
+    assert off.host_max_bytes == 0
+
+
 def test_unknown_eviction_policy_is_refused() -> None:
     with pytest.raises(ConfigError, match="INFERFLUX_KV_EVICTION"):
         load_settings(env={"INFERFLUX_KV_EVICTION": "fifo"})
