@@ -62,6 +62,7 @@ def test_prefix_and_fairness_metrics_follow_real_requests(server_url: str) -> No
         "inferflux_scheduler_queue_depth",
         "inferflux_prefix_hit_rate",
         "inferflux_prefix_cached_tokens",
+        "inferflux_prefix_parked_tokens",
         "inferflux_kv_cells_total",
     ):
         assert (name, ()) in after, name

@@ -266,13 +266,17 @@ def test_a_parked_conversation_continues_in_place_as_a_copied_one_would(
         engine = make_core(smollm2_model_path, reuse_in_place=in_place)
         try:
             results[in_place] = _conversation(engine, tokenizer, monkeypatch)
+            stats, tiers = engine.stats().prefix_cache, engine.stats().kv_tiers
+            assert stats is not None and stats.parked == (1 if in_place else 0)
+            assert (stats.parked_tokens > 0) == in_place
+            assert tiers is not None and tiers.spills == (1 if in_place else 0)
         finally:
             engine.close()
     (parked, parked_copies), (copied, copied_copies) = results[True], results[False]
     assert parked == copied
-    # parked: turn 2 continues turn 1 in place (no copy); the other prompt first saves
-    # the conversation into a cache slot (one copy) and continues the system prompt
-    assert parked_copies == [0, 0, 1]
+    # parked: turn 2 continues turn 1 in place; the other prompt first saves the
+    # conversation into the host tier (not a copy) and continues the system prompt
+    assert parked_copies == [0, 0, 0]
     # copying: each request copies its KV into the cache when it ends, and each hit
     # copies a cached prefix out
     assert copied_copies == [1, 3, 5]

@@ -83,7 +83,7 @@ def cache_stats(statuses: list[WorkerStatus]) -> dict[str, object] | None:
     total = {
         key: sum(getattr(c, key) for c in caches)
         for key in ("hits", "misses", "partial_hits", "matched_tokens", "evictions")
-        + ("inserts", "entries", "cached_tokens", "max_tokens")
+        + ("inserts", "entries", "cached_tokens", "max_tokens", "parked", "parked_tokens")
     }
     lookups = total["hits"] + total["misses"]
     return {**total, "hit_rate": round(total["hits"] / lookups, 4) if lookups else 0.0}

@@ -44,7 +44,7 @@ def prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
     cache = scheduler.prefix_cache
     if cache is None:
         return None
-    c = cache.stats
+    c, parked = cache.stats, scheduler.parked
     return PrefixCacheStats(
         hits=c.hits,
         misses=c.misses,
@@ -55,6 +55,8 @@ def prefix_stats(scheduler: Scheduler) -> PrefixCacheStats | None:
         entries=cache.num_entries,
         cached_tokens=cache.cached_tokens,
         max_tokens=cache.max_tokens,
+        parked=len(parked) if parked is not None else 0,
+        parked_tokens=parked.num_tokens if parked is not None else 0,
     )
 
 

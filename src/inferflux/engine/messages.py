@@ -254,6 +254,8 @@ class PrefixCacheStats(msgspec.Struct, kw_only=True):
     entries: int = 0
     cached_tokens: int = 0
     max_tokens: int = 0
+    parked: int = 0  # finished requests' KV kept in their slots (scheduler/parking.py)
+    parked_tokens: int = 0
 
 
 class KvTierStats(msgspec.Struct, kw_only=True):

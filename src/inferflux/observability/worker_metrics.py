@@ -52,6 +52,8 @@ class PrefixCacheView(Protocol):
     def evictions(self) -> int: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def parked_tokens(self) -> int: ...
 
 
 class KvTiersView(Protocol):
@@ -325,6 +327,11 @@ def _prefix(caches: list[PrefixCacheView]) -> Iterator[Metric]:
         "inferflux_prefix_cached_tokens",
         "Tokens held by the prefix cache now",
         sum(c.cached_tokens for c in caches),
+    )
+    yield gauge(
+        "inferflux_prefix_parked_tokens",
+        "Tokens of finished requests kept in their own sequence slots now",
+        sum(c.parked_tokens for c in caches),
     )
 
 

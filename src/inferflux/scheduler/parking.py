@@ -53,6 +53,10 @@ class ParkedSlots:
     def __contains__(self, slot: int) -> bool:
         return slot in self._held
 
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(p.tokens) for p in self._held.values())
+
     def park(self, slot: int, namespace: str, tokens: list[int]) -> bool:
         """Remember that `slot` holds `tokens`; False (nothing kept) when too short."""
         if len(tokens) < self.min_match:

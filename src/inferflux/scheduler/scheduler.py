@@ -305,12 +305,10 @@ class Scheduler:
         heapq.heappush(self._free_seq_ids, seq_id)
         ops: list[KvOp] = []
         if cache and self.prefix_cache is not None and request.use_prefix_cache:
-            tokens = request.computed_token_ids()
-            if self.parked is not None and self.parked.park(
-                seq_id, request.cache_namespace, tokens
-            ):
+            tokens, space = request.computed_token_ids(), request.cache_namespace
+            if self.parked is not None and self.parked.park(seq_id, space, tokens):
                 return ops  # its KV stays where it is
-            ops.extend(self._cache_insert(request.cache_namespace, tokens, seq_id))
+            ops.extend(self._cache_insert(space, tokens, seq_id))
         ops.append(KvFree(seq_id))
         return ops
 

@@ -119,11 +119,13 @@ def test_worker_state_is_summed_over_workers() -> None:
     a = Worker(0, stats=EngineStats(num_running=2, num_waiting=3, kv_cells_used=100,
                                      kv_cells_total=400, waiting_by_priority={"high": 1, "low": 2},
                                      fairness=FairnessStats(preemptions=1, tokens={"normal": 5}),
-                                     prefix_cache=PrefixCacheStats(hits=3, misses=1)))  # fmt: skip
+                                     prefix_cache=PrefixCacheStats(hits=3, misses=1,
+                                                                   parked_tokens=40)))  # fmt: skip
     b = Worker(1, ready=False, restarts=2, load_s=None, hangs=1,
                stats=EngineStats(num_waiting=1, kv_cells_total=400, waiting_by_priority={"low": 1},
                                  fairness=FairnessStats(preemptions=2, tokens={"normal": 7}),
-                                 prefix_cache=PrefixCacheStats(hits=1, misses=3)))  # fmt: skip
+                                 prefix_cache=PrefixCacheStats(hits=1, misses=3,
+                                                               parked_tokens=2)))  # fmt: skip
     fams = families(make([a, b]))
     assert value(fams, "inferflux_scheduler_queue_depth") == 4
     assert value(fams, "inferflux_scheduler_queue_depth_by_priority", priority="low") == 3
@@ -134,6 +136,7 @@ def test_worker_state_is_summed_over_workers() -> None:
     assert value(fams, "inferflux_fairness_tokens_total", priority="normal") == 12
     assert value(fams, "inferflux_prefix_hits_total") == 4
     assert value(fams, "inferflux_prefix_hit_rate") == 0.5
+    assert value(fams, "inferflux_prefix_parked_tokens") == 42
     assert value(fams, "inferflux_worker_up", worker="0") == 1
     assert value(fams, "inferflux_worker_up", worker="1") == 0
     assert value(fams, "inferflux_worker_restarts_total", worker="1") == 2
