@@ -6,6 +6,7 @@ EngineCore with the llama.cpp backend and SmolLM2, driven step by step (no trans
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -280,6 +281,34 @@ def test_a_parked_conversation_continues_in_place_as_a_copied_one_would(
     # copying: each request copies its KV into the cache when it ends, and each hit
     # copies a cached prefix out
     assert copied_copies == [1, 3, 5]
+
+
+def test_a_parked_slot_that_lost_its_kv_is_recomputed_not_trusted(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A parked slot whose KV is gone (cleared behind the scheduler's back, as a failed
+    save's trim does) is not continued: the request computes its prompt and answers as
+    a cold engine does."""
+    engine = make_core(smollm2_model_path)
+    try:
+        submit(engine, tokenizer, "warm", chat("Tell me about the moon."), max_tokens=1)
+        drain(engine)
+        assert engine.scheduler.parked is not None
+        (entry,) = engine.scheduler.parked.entries()
+        engine.backend.free_seq(entry.slot)
+        with caplog.at_level(logging.WARNING):
+            submit(engine, tokenizer, "q", chat("Tell me about Mars."), max_tokens=8)
+            lost = drain(engine)["q"]
+        assert "reusing the parked prefix of q failed" in caplog.text
+        assert lost[-1].num_cached_tokens == 0
+    finally:
+        engine.close()
+    cold_engine = make_core(smollm2_model_path, cache_slots=0)
+    try:
+        submit(cold_engine, tokenizer, "q", chat("Tell me about Mars."), max_tokens=8)
+        assert tokens(lost) == tokens(drain(cold_engine)["q"])
+    finally:
+        cold_engine.close()
 
 
 def test_namespaces_isolate_cached_prefixes(core: EngineCore, tokenizer: LlamaTokenizer) -> None:

@@ -605,8 +605,10 @@ class LlamaCppBackend:
 
     def keep_seq(self, seq_id: int, n_tokens: int) -> bool:
         """Cut `seq_id` to its first `n_tokens` positions in place (no copy); False
-        (cleared) when the window they leave would not cover the next token."""
-        if self._window_covers(seq_id, n_tokens):
+        (cleared) when it does not hold them all, or when the window they leave would not
+        cover the next token."""
+        held = ll.llama_memory_seq_pos_max(self._memory, seq_id) >= n_tokens - 1
+        if held and self._window_covers(seq_id, n_tokens):
             return self.trim_seq(seq_id, n_tokens)
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         return False
