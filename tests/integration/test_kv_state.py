@@ -141,6 +141,17 @@ def _run(core: EngineCore, request_id: str, prompt: list[int]) -> tuple[list[int
     return out, cached
 
 
+def _cold(path: str, prompt: list[int]) -> list[int]:
+    """What a fresh engine (nothing cached anywhere) generates for `prompt`."""
+    core = _tiered_core(path, None)
+    try:
+        out, cached = _run(core, "cold", prompt)
+    finally:
+        core.close()
+    assert cached == 0
+    return out
+
+
 def test_evicted_prefix_is_restored_from_the_host_tier(
     smollm2_model_path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -163,12 +174,7 @@ def test_evicted_prefix_is_restored_from_the_host_tier(
         assert cached >= len(a_prompt) - 1
         assert core.kv_offload.stats.restores == 1
         assert core.kv_offload.stats.host_hits == 1
-        cold_core = _tiered_core(smollm2_model_path, None)
-        try:
-            cold, cold_cached = _run(cold_core, "a2", a2)
-        finally:
-            cold_core.close()
-        assert cold_cached == 0 and cold == warm
+        assert _cold(smollm2_model_path, a2) == warm
         # corrupt every host entry: the next hit is refused, logged and recomputed
         _run(core, "c1", list(reversed(a2)))  # pushes a2 out of the slot
         assert core.kv_offload.stats.host_entries == 3
@@ -205,12 +211,7 @@ def test_a_displaced_parked_prefix_goes_to_the_host_tier_and_comes_back(
         warm, cached = _run(core, "a2", a2)
         assert cached >= len(a_prompt) - 1
         assert core.kv_offload.stats.restores == 1 and core.kv_offload.stats.host_hits == 1
-        cold_core = _tiered_core(smollm2_model_path, None)
-        try:
-            cold, cold_cached = _run(cold_core, "a2", a2)
-        finally:
-            cold_core.close()
-        assert cold_cached == 0 and cold == warm
+        assert _cold(smollm2_model_path, a2) == warm
     finally:
         core.close()
 
