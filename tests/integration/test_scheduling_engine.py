@@ -213,16 +213,17 @@ def test_a_refused_cache_copy_computes_the_prompt_instead(
         monkeypatch.undo()
         assert refused[-1].finish_reason == FinishReason.LENGTH
         assert refused[-1].num_cached_tokens == 0 and computed == len(prompt)
-        engine.scheduler.prefix_cache.clear()  # type: ignore[union-attr]
-        for slot in engine.scheduler.drop_parked():
-            engine.backend.free_seq(slot)
-        submit(engine, tokenizer, "cold", chat("Tell me about Mars."), max_tokens=8)
-        cold = drain(engine)["cold"]
-        assert cold[-1].num_cached_tokens == 0
-        assert tokens(refused) == tokens(cold)
         assert not engine.has_work() and engine.stats().kv_cells_used == 0
     finally:
         engine.close()
+    cold_engine = make_core(smollm2_model_path, cache_slots=0)  # nothing cached anywhere
+    try:
+        submit(cold_engine, tokenizer, "cold", chat("Tell me about Mars."), max_tokens=8)
+        cold = drain(cold_engine)["cold"]
+    finally:
+        cold_engine.close()
+    assert cold[-1].num_cached_tokens == 0
+    assert tokens(refused) == tokens(cold)
 
 
 def _conversation(
