@@ -55,7 +55,7 @@ format: setup
 	$(BIN)/ruff check --fix src tests bench
 
 test: check kubectl licenses
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 # tests/unit/deploy render deploy/kubernetes with kubectl's built-in Kustomize.
 kubectl:
