@@ -40,23 +40,14 @@ def tiers_enabled(paged_kv: PagedKvSettings, nvme: NvmeOffloadSettings) -> bool:
     return paged_kv.cpu_pages > 0 or bool(nvme.path)
 
 
-def process_identity(model_path: str, adapters: tuple[tuple[str, float], ...]) -> str:
-    """The model's identity for a host-RAM tier alone: its blobs never leave the engine
-    that wrote them, so the files' paths, sizes and mtimes name it (no hashing of a
-    multi-GB file at every start; `model_identity` when blobs go to disk)."""
-    parts = []
-    for p in [model_path] + [a for a, _ in adapters]:
-        stat = os.stat(p)
-        parts.append(f"{os.path.realpath(p)}:{stat.st_size}:{stat.st_mtime_ns}")
-    parts += [str(scale) for _, scale in adapters]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()
-
-
 def model_identity(
     model_path: str, sha256: str, adapters: tuple[tuple[str, float], ...], cache_dir: Path | None
 ) -> str:
     """The model's SHA-256 (hashed now when the config names none; cached in `cache_dir`
-    by path, size and mtime) plus its LoRA adapters' digests and scales."""
+    by path, size and mtime) plus its LoRA adapters' digests and scales. Without
+    `cache_dir` (a host-RAM tier alone, whose blobs never leave the engine that wrote
+    them) the files' paths, sizes and mtimes stand for the digests: no hashing of a
+    multi-GB file at every start."""
     try:
         return _identity(model_path, sha256, adapters, cache_dir)
     except OSError as exc:
@@ -79,9 +70,11 @@ def _identity(
 def _file_digest(path: str, cache_dir: Path | None) -> str:
     stat = os.stat(path)
     key = f"{os.path.realpath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+    if cache_dir is None:
+        return hashlib.sha256(key.encode()).hexdigest()
     cache: dict[str, str] = {}
-    cache_file = cache_dir / _DIGEST_CACHE if cache_dir is not None else None
-    if cache_file is not None and cache_file.exists():
+    cache_file = cache_dir / _DIGEST_CACHE
+    if cache_file.exists():
         try:
             cache = json.loads(cache_file.read_text())
         except (OSError, ValueError):
@@ -89,12 +82,11 @@ def _file_digest(path: str, cache_dir: Path | None) -> str:
     if key in cache:
         return cache[key]
     digest = sha256_of_path(Path(path))
-    if cache_file is not None:
-        cache[key] = digest
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        temp = cache_file.with_suffix(f".tmp-{os.getpid()}")
-        temp.write_text(json.dumps(cache))
-        os.replace(temp, cache_file)
+    cache[key] = digest
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    temp = cache_file.with_suffix(f".tmp-{os.getpid()}")
+    temp.write_text(json.dumps(cache))
+    os.replace(temp, cache_file)
     return digest
 
 

@@ -46,12 +46,7 @@ from inferflux.engine.frames import ChannelClosed, FrameWriter
 from inferflux.engine.heartbeat import Heartbeat, StepClock
 from inferflux.engine.image_prep import ImagePreparer, ImageRows
 from inferflux.engine.kv_channel import KvChannelEnd, ticket_model_id
-from inferflux.engine.kv_setup import (
-    build_kv_offload,
-    model_identity,
-    process_identity,
-    tiers_enabled,
-)
+from inferflux.engine.kv_setup import build_kv_offload, model_identity, tiers_enabled
 from inferflux.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -264,14 +259,14 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     (ModelVerificationFailed when the file no longer matches its SHA-256)."""
     path = config.context.model_path
     model_id = ""
-    adapters = tuple((a.path, a.scale) for a in config.adapters)
-    if config.nvme_offload.path:  # blobs outlive the process: the files' digests
+    if tiers_enabled(config.paged_kv, config.nvme_offload):
+        digest_dir = config.nvme_offload.path  # None: host RAM only, no hashing
         model_id = model_identity(
-            path, config.model_sha256, adapters, Path(config.nvme_offload.path)
+            path,
+            config.model_sha256,
+            tuple((a.path, a.scale) for a in config.adapters),
+            Path(digest_dir) if digest_dir else None,
         )
-    elif tiers_enabled(config.paged_kv, config.nvme_offload):
-        # host RAM only: blobs never leave this engine, which never changes model
-        model_id = process_identity(path, adapters)
     with contextlib.ExitStack() as files:
         load_path = files.enter_context(verified_file(path, config.model_sha256 or None))
         names = {load_path: path}
@@ -316,8 +311,8 @@ def build_engine_core(config: WorkerConfig) -> EngineCore:
     speculator = _speculator(config, backend)
     channel = None
     if config.role != "unified":
-        signed = tuple((a.path, a.sha256, a.scale) for a in config.adapters)
-        channel = KvChannelEnd(backend, ticket_model_id(path, config.model_sha256, signed))
+        adapters = tuple((a.path, a.sha256, a.scale) for a in config.adapters)
+        channel = KvChannelEnd(backend, ticket_model_id(path, config.model_sha256, adapters))
     return EngineCore(
         backend,
         scheduler,

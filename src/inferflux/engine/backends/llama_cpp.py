@@ -610,7 +610,7 @@ class LlamaCppBackend:
         held = ll.llama_memory_seq_pos_max(self._memory, seq_id) >= n_tokens - 1
         if held and self._window_covers(seq_id, n_tokens):
             return self.trim_seq(seq_id, n_tokens)
-        ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        self.free_seq(seq_id)
         return False
 
     def _window_covers(self, seq_id: int, n_tokens: int) -> bool:
