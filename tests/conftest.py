@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,15 @@ import pytest
 # fd, and the child died before exec ("Epoll1Poller ... epoll_wait error: Bad file
 # descriptor", a red CI run). Nothing here uses gRPC across a fork.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+# Workers keep their measured speculative step costs in a record (engine/spec_cost.py): the
+# first starts of each model and thread count measure (2-5 s each), the rest read it. One
+# record for this session's servers and workers, never the user's ~/.cache.
+_STEP_COST_DIR = tempfile.mkdtemp(prefix="inferflux-test-step-cost-")
+atexit.register(shutil.rmtree, _STEP_COST_DIR, True)
+os.environ.setdefault(
+    "INFERFLUX_RUNTIME__SPECULATIVE_DECODING__COST_RECORD", f"{_STEP_COST_DIR}/step-cost.json"
+)
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -87,6 +87,33 @@ def test_round_trip_gives_bit_identical_logits(backend: LlamaCppBackend) -> None
         backend.free_seq(seq)
 
 
+def test_a_copy_not_yet_decoded_saves_and_loads_as_a_decoded_one(
+    backend: LlamaCppBackend,
+) -> None:
+    """Across KV streams llama.cpp moves a copy's bytes only at the next llama_decode.
+    Saving the destination before it, or loading a state into either end, must still
+    see the copy as done (the backend runs the pending copies first)."""
+    tokens = _tokens(backend)
+    prefix, last = tokens[:40], tokens[40]
+    for seq in range(4):
+        backend.free_seq(seq)
+    backend.decode([(0, prefix, 0, 0)])
+    other = tokens[1:41]
+    backend.decode([(1, other, 0, 0)])
+    other_state = backend.save_seq(1)
+    assert backend.copy_seq(0, 2, len(prefix))
+    copied = backend.save_seq(2)  # no decode since the copy
+    assert backend.copy_seq(0, 3, len(prefix))
+    assert backend.load_seq(0, other_state, len(other))  # the source, overwritten at once
+    expected = _next_logits(backend, 1, tokens[41], len(other))
+    assert np.array_equal(_next_logits(backend, 0, tokens[41], len(other)), expected)
+    reference = _next_logits(backend, 3, last, len(prefix))
+    assert backend.load_seq(1, copied, len(prefix))
+    assert np.array_equal(_next_logits(backend, 1, last, len(prefix)), reference)
+    for seq in range(4):
+        backend.free_seq(seq)
+
+
 def test_mismatched_or_corrupt_bytes_are_refused(backend: LlamaCppBackend) -> None:
     tokens = _tokens(backend)[:40]
     backend.free_seq(0)

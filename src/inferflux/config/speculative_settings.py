@@ -78,6 +78,15 @@ class SpeculativeSettings(BaseModel):
         description="Cost model of the goodput gate: what each further row adds, in "
         "one-row steps. Unset: measured at start (2 CPU cores: about 0.4, a GPU: about 0).",
     )
+    cost_record: str = Field(
+        "~/.cache/inferflux/step-cost.json",
+        max_length=4096,
+        description="Where workers keep the measured step times of the goodput gate, by "
+        "model file, threads, GPU layers, llama.cpp build and CPU: each width's fastest "
+        "over the first 3 starts; later starts read it instead of measuring (2-5 s each, "
+        "and one start's measurement is noisy on a busy machine). Delete the file to "
+        "measure again. Empty: measure at every start, record nothing.",
+    )
     max_batch: int = Field(
         4,
         ge=1,

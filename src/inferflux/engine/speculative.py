@@ -348,6 +348,7 @@ class SpecConfig:
     max_batch: int = 4  # no speculation when this many sequences decode together
     probe_after: int = 64
     cost: StepCost | None = None  # None: measured at worker start (engine/spec_cost.py)
+    cost_record: str | None = None  # the file of measured step times (spec_cost.py)
     draft_model: str | None = None  # a GGUF: draft-model mode (engine/spec_draft.py)
 
     @property

@@ -68,7 +68,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.model_verify import verified_file, verify_mmproj
 from inferflux.engine.protocol import LoraAdapter, ModelInfo
 from inferflux.engine.spans import EngineSpans
-from inferflux.engine.spec_cost import measure_step_cost
+from inferflux.engine.spec_cost import calibrated_step_cost, record_key
 from inferflux.engine.spec_draft import DraftModelProposer, check_same_vocab
 from inferflux.engine.speculative import NgramProposer, SpecConfig, StepCost
 from inferflux.engine.stream_buffer import StreamBuffer
@@ -196,6 +196,7 @@ def spec_config(settings: SpeculativeSettings) -> SpecConfig | None:
         max_batch=settings.max_batch,
         probe_after=settings.probe_after,
         cost=_fixed_cost(settings),
+        cost_record=settings.cost_record or None,
         draft_model=settings.draft_model if settings.mode == "draft" else None,
     )
 
@@ -401,11 +402,13 @@ def _speculator(config: WorkerConfig, backend: LlamaCppBackend) -> NgramProposer
     spec = config.speculative
     if spec is None:
         return None
-    if spec.cost is None:  # measured now, for this model on this machine (spec_cost.py)
-        measured = measure_step_cost(
+    if spec.cost is None:  # measured for this model on this machine (spec_cost.py)
+        measured = calibrated_step_cost(
             backend,
             config.context.n_seq_max - 1,
             lambda: backend.make_sampler(sampler_spec(SamplingParams(max_tokens=1))),
+            Path(spec.cost_record).expanduser() if spec.cost_record else None,
+            record_key(config.context),
         )
         spec = dataclasses.replace(spec, cost=measured)
     if spec.draft_model is None:

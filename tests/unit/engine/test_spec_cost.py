@@ -1,8 +1,11 @@
 """The start-up calibration of verification row costs (engine/spec_cost.py), on a fake
-backend whose decode advances a fake clock by a known cost per row count."""
+backend whose decode advances a fake clock by a known cost per row count, and its record
+across starts."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -10,6 +13,7 @@ import pytest
 
 from inferflux.engine import spec_cost
 from inferflux.engine.backends.base import DecodeChunk, SamplerHandle
+from inferflux.engine.speculative import StepCost
 
 
 def _sawtooth(rows: int) -> float:
@@ -22,15 +26,16 @@ class FakeBackend:
 
     n_vocab = 1000
 
-    def __init__(self, n_ctx_per_seq: int) -> None:
+    def __init__(self, n_ctx_per_seq: int, noise: dict[int, float] | None = None) -> None:
         self.n_ctx_per_seq = n_ctx_per_seq
         self.now = 0.0
         self.widths: list[int] = []
+        self.noise = noise or {}  # ms added to every step of that many rows
 
     def decode(self, chunks: list[DecodeChunk]) -> list[int]:
         rows = chunks[0][3]
         if rows:
-            self.now += _sawtooth(rows) / 1000
+            self.now += (_sawtooth(rows) + self.noise.get(rows, 0.0)) / 1000
             self.widths.append(rows)
         return [len(chunks[0][1]) - 1]
 
@@ -53,7 +58,7 @@ def test_the_calibration_prices_every_row_count_from_the_widths_it_measured(
 ) -> None:
     backend = FakeBackend(n_ctx_per_seq=4096)
     monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
-    cost = spec_cost.measure_step_cost(backend, 7, _sampler)
+    cost = spec_cost.calibrated_step_cost(backend, 7, _sampler, None, "k")
     assert sorted(set(backend.widths)) == [*range(1, 9), 16, 32]
     one = _sawtooth(1)
     for rows in (*range(1, 9), 12, 13, 16, 31, 32):  # measured, or modelled exactly
@@ -64,5 +69,66 @@ def test_the_calibration_prices_every_row_count_from_the_widths_it_measured(
 def test_a_small_context_measures_no_wider_than_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = FakeBackend(n_ctx_per_seq=64 + 20)  # room for 20 rows past the context
     monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
-    cost = spec_cost.measure_step_cost(backend, 0, _sampler)
+    cost = spec_cost.calibrated_step_cost(backend, 0, _sampler, None, "k")
     assert max(backend.widths) == 16 and len(cost.table) == 20
+
+
+def _start(
+    monkeypatch: pytest.MonkeyPatch, record: Path, noise: dict[int, float] | None = None
+) -> tuple[FakeBackend, StepCost]:
+    """One worker start's calibration against `record`, on a fresh fake backend."""
+    backend = FakeBackend(n_ctx_per_seq=4096, noise=noise)
+    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
+    return backend, spec_cost.calibrated_step_cost(backend, 7, _sampler, record, "model-a")
+
+
+def test_the_record_keeps_each_widths_fastest_and_is_read_once_settled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = tmp_path / "cache" / "step-cost.json"
+    # a busy first start: the 16-row step and the one-row step took longer than they cost
+    busy, first = _start(monkeypatch, record, noise={16: 40.0, 1: 6.0})
+    assert busy.widths and first(16) != pytest.approx(_sawtooth(16) / _sawtooth(1), abs=1e-3)
+    for _ in range(spec_cost.SETTLED_STARTS - 1):  # quiet starts: measured and merged
+        quiet, cost = _start(monkeypatch, record)
+        assert quiet.widths
+    one = _sawtooth(1)
+    for rows in (1, 2, 7, 8, 16, 32):
+        assert cost(rows) == pytest.approx(_sawtooth(rows) / one, abs=1e-3)
+    settled, again = _start(monkeypatch, record, noise={16: 40.0})  # read, not measured
+    assert settled.widths == [] and again.table == cost.table
+    entry = json.loads(record.read_text())["entries"]["model-a"]
+    assert entry["starts"] == spec_cost.SETTLED_STARTS
+    assert entry["seconds"]["16"] == pytest.approx(_sawtooth(16) / 1000)
+
+
+def test_another_key_or_context_size_measures_for_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = tmp_path / "step-cost.json"
+    for _ in range(spec_cost.SETTLED_STARTS):
+        _start(monkeypatch, record)
+    narrow = FakeBackend(n_ctx_per_seq=64 + 20)  # widths up to 16: the entry's do not fit
+    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: narrow.now))
+    spec_cost.calibrated_step_cost(narrow, 0, _sampler, record, "model-a")
+    assert max(narrow.widths) == 16
+    other = FakeBackend(n_ctx_per_seq=4096)
+    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: other.now))
+    spec_cost.calibrated_step_cost(other, 0, _sampler, record, "model-b")
+    assert other.widths
+    assert set(json.loads(record.read_text())["entries"]) == {"model-a", "model-b"}
+
+
+def test_a_corrupt_or_unwritable_record_only_costs_a_measurement(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    record = tmp_path / "step-cost.json"
+    record.write_text('{"entries": {"model-a": {"seconds": {"1": -3}, "starts": 9}}')
+    backend, cost = _start(monkeypatch, record)
+    assert backend.widths and cost(8) < cost(7)
+    assert json.loads(record.read_text())["entries"]["model-a"]["starts"] == 1
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    backend, cost = _start(monkeypatch, blocked / "step-cost.json")  # its folder is a file
+    assert backend.widths and cost(8) < cost(7)
+    assert "could not record the step costs" in caplog.text

@@ -397,6 +397,8 @@ class LlamaCppBackend:
         self._interrupt: Callable[[], bool] | None = None
         self._next_check = 0.0
         self._abort_callback = _ABORT_CALLBACK_TYPE(self._should_abort)  # kept referenced
+        # (src, dst) of the whole-stream copies since the last llama_decode (`_settle`)
+        self._pending_copies: list[tuple[int, int]] = []
 
     def _init_context(self, config: ContextConfig) -> Any:  # Any: context*
         params = ll.llama_context_default_params()
@@ -518,6 +520,11 @@ class LlamaCppBackend:
         it rejects or fails the batch otherwise (the batch's sequences may then hold KV of
         some of its positions: trim them back to their chunks' start positions).
         """
+        rows = self._decode(chunks)
+        self._pending_copies.clear()  # llama_decode ran them before the batch (`_settle`)
+        return rows
+
+    def _decode(self, chunks: list[DecodeChunk]) -> list[int]:
         if self.image_rows is None:  # a text-only model: no scan on the hot path
             return self._decode_tokens(chunks)
         is_image = [bool(c[1]) and c[1][0] < 0 for c in chunks]
@@ -601,7 +608,31 @@ class LlamaCppBackend:
             ll.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
             return True
         ll.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        self._pending_copies.append((src, dst))
         return self.trim_seq(dst, n_tokens)
+
+    def _settle(self, seq_id: int, *, as_source: bool = False) -> None:
+        """Run the pending stream copies now if `seq_id`'s bytes are about to be read (a
+        copy's destination) or overwritten (`as_source`: either end).
+
+        NOTE: across streams llama.cpp moves the cells' metadata at `llama_memory_seq_cp`
+        but the K/V bytes only at the next `llama_decode`. Read before it, the destination
+        gives the bytes it held before the copy (measured: a restored blob's logits off by
+        32); a state loaded into either end before it is then overwritten by the copy.
+        There is no API to run the update alone, so one token is decoded into an empty
+        sequence (or after `seq_id`'s last position) and removed again."""
+        pending = self._pending_copies
+        if not any(seq_id == dst or (as_source and seq_id == src) for src, dst in pending):
+            return
+        empty = (s for s in range(self.config.n_seq_max) if self._pos_max(s) < 0)
+        seq = next(empty, seq_id)
+        pos = self._pos_max(seq) + 1
+        self._decode_tokens([(seq, [0], pos, 0)])
+        pending.clear()
+        self.trim_seq(seq, pos)
+
+    def _pos_max(self, seq_id: int) -> int:
+        return int(ll.llama_memory_seq_pos_max(self._memory, seq_id))
 
     def keep_seq(self, seq_id: int, n_tokens: int) -> bool:
         """Cut `seq_id` to its first `n_tokens` positions in place (no copy); False
@@ -639,6 +670,7 @@ class LlamaCppBackend:
 
     def save_seq(self, seq_id: int) -> bytes:
         """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`)."""
+        self._settle(seq_id)
         size = ll.llama_state_seq_get_size(self._ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         n = ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
@@ -652,6 +684,7 @@ class LlamaCppBackend:
         """Write the KV of `seq_id` (`seq_state_size` bytes) straight into `buffer` (a
         shared-memory map: no copy in between) from `offset`; the bytes written, 0 on
         failure."""
+        self._settle(seq_id)
         view = (ctypes.c_uint8 * size).from_buffer(buffer, offset)
         try:
             return int(ll.llama_state_seq_get_data(self._ctx, view, size, seq_id))
@@ -665,6 +698,7 @@ class LlamaCppBackend:
         positions. False (and `seq_id` empty) when llama.cpp refused the bytes or they held
         fewer positions: a restore never silently does nothing. A writable buffer (a
         shared-memory map) is read in place; `bytes` are copied once."""
+        self._settle(seq_id, as_source=True)
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         size = len(data) - offset
         if isinstance(data, bytes):
