@@ -31,6 +31,7 @@ from compare.servers import (
     running,
 )
 from inferflux.config import load_settings
+from inferflux.config.settings import prefix_cache_slots
 from serve_load import parse_levels
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -195,7 +196,8 @@ def run_model(model: Model, tools: Toolchain, args: Any) -> list[dict[str, Any]]
 
 
 def _model_meta(model: Model) -> dict[str, Any]:
-    slots = load_settings(env={}).scheduler.prefix_cache.slots
+    settings = load_settings(env={})
+    slots = prefix_cache_slots(settings.runtime, settings.scheduler.prefix_cache)
     return dataclasses.asdict(model) | {
         "file_bytes": model.file_bytes,
         "ctx_per_seq": CTX_PER_SEQ,

@@ -44,12 +44,17 @@ def make_core(
     max_num_seqs: int = 4,
     cache_slots: int = 4,
     reuse_in_place: bool = True,
+    index_only: bool = False,
     **scheduling: object,
 ) -> EngineCore:
+    """`index_only`: no cache slots, the index over parked slots and the host tier
+    alone (what the defaults resolve to: worker_config)."""
     sched = SchedulerSettings(max_num_seqs=max_num_seqs, max_batch_tokens=256, **scheduling)  # type: ignore[arg-type]
-    sched.prefix_cache.slots = max(cache_slots, 1)
-    sched.prefix_cache.enabled = cache_slots > 0
+    sched.prefix_cache.slots = 0 if index_only else max(cache_slots, 1)
+    sched.prefix_cache.enabled = index_only or cache_slots > 0
     sched.prefix_cache.reuse_in_place = reuse_in_place
+    if index_only:
+        cache_slots = 0
     config = WorkerConfig(
         worker_id=0,
         generation=1,
@@ -60,6 +65,7 @@ def make_core(
         max_batch_tokens=256,
         observability=ObservabilitySettings(),
         scheduling=sched,
+        cache_slots=0 if index_only else None,
     )
     return build_engine_core(config)
 
@@ -262,20 +268,26 @@ def test_a_parked_conversation_continues_in_place_as_a_copied_one_would(
 ) -> None:
     """Turn 2 of a conversation, and a prompt that shares only the system prompt, reuse
     the parked KV of the request before instead of copying whole KV streams, and
-    generate exactly what the copying prefix cache generates."""
+    generate exactly what the copying prefix cache generates; also with no cache slots
+    at all (the defaults: parked slots and the host tier only)."""
     results = {}
-    for in_place in (True, False):
-        engine = make_core(smollm2_model_path, reuse_in_place=in_place)
+    for mode in ("index only", "in place", "copies"):
+        in_place = mode != "copies"
+        engine = make_core(
+            smollm2_model_path, reuse_in_place=in_place, index_only=mode == "index only"
+        )
         try:
-            results[in_place] = _conversation(engine, tokenizer, monkeypatch)
+            results[mode] = _conversation(engine, tokenizer, monkeypatch)
             stats, tiers = engine.stats().prefix_cache, engine.stats().kv_tiers
             assert stats is not None and stats.parked == (1 if in_place else 0)
             assert (stats.parked_tokens > 0) == in_place
             assert tiers is not None and tiers.spills == (1 if in_place else 0)
+            assert engine.backend.config.n_seq_max == (4 if mode == "index only" else 8)
         finally:
             engine.close()
-    (parked, parked_copies), (copied, copied_copies) = results[True], results[False]
-    assert parked == copied
+    (parked, parked_copies), (copied, copied_copies) = results["in place"], results["copies"]
+    assert parked == copied == results["index only"][0]
+    assert results["index only"][1] == [0, 0, 0]
     # parked: turn 2 continues turn 1 in place; the other prompt first saves the
     # conversation into the host tier (not a copy) and continues the system prompt
     assert parked_copies == [0, 0, 0]

@@ -314,12 +314,16 @@ class PrefixCacheSettings(_Section):
     enabled: bool = Field(
         True, description="Reuse the KV of earlier prompts and turns (radix tree over tokens)."
     )
-    slots: int = Field(
-        8,
-        ge=1,
+    slots: int | None = Field(
+        None,
+        ge=0,
         le=128,
-        description="Sequences reserved for cached prefixes. With per-sequence KV each "
-        "holds a full context of cells (memory: slots × ctx_size × KV bytes per token).",
+        description="Sequences reserved for cached prefixes, beyond the running ones. With "
+        "per-sequence KV each holds a full context of cells (memory: slots × ctx_size × KV "
+        "bytes per token). Unset: 0 where finished requests park their KV in their own "
+        "slots and a host tier keeps what they displace (reuse_in_place, per-sequence KV, "
+        "runtime.paged_kv.cpu_pages > 0: the defaults), since nothing then fills a cache "
+        "slot; else 8. 0: no cache slots (parked slots and the host and disk tiers only).",
     )
     max_tokens: int | None = Field(
         None,
@@ -349,6 +353,17 @@ class PrefixCacheSettings(_Section):
         "a namespace over it evicts its own least recently used entries, never others'. "
         "Unset: no quota.",
     )
+
+
+def prefix_cache_slots(runtime: RuntimeSettings, cache: PrefixCacheSettings) -> int:
+    """The llama.cpp sequences `cache.slots` reserves (its description says how unset
+    resolves); 0 when the cache is off."""
+    if not cache.enabled:
+        return 0
+    if cache.slots is not None:
+        return cache.slots
+    parks = cache.reuse_in_place and not runtime.kv_unified
+    return 0 if parks and runtime.paged_kv.cpu_pages > 0 else 8
 
 
 class SchedulerSettings(_Section):

@@ -29,7 +29,12 @@ from pathlib import Path
 import zmq
 
 from inferflux.config.kv_settings import KvPersistenceSettings, NvmeOffloadSettings, PagedKvSettings
-from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
+from inferflux.config.settings import (
+    ObservabilitySettings,
+    SchedulerSettings,
+    Settings,
+    prefix_cache_slots,
+)
 from inferflux.config.speculative_settings import SpeculativeSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend, gpu_support
 from inferflux.engine.backends.llama_cpp_embed import EmbedContextConfig, LlamaCppEmbedder
@@ -118,6 +123,10 @@ class WorkerConfig:
         default_factory=KvPersistenceSettings  # type: ignore[arg-type]
     )
     speculative: SpecConfig | None = None  # speculative decoding; None = off
+    # the prefix cache's sequence slots after the running ones (worker_config resolves
+    # scheduler.prefix_cache.slots); None: every one the context has beyond them. 0: the
+    # index alone, over parked slots and the lower tiers
+    cache_slots: int | None = None
     gpu_fallback: bool = True  # runtime.gpu_fallback (engine/backends/offload.py)
     fault_gpu_init: GpuFault = "off"  # fault injection: runtime.fault_gpu_init
     cpu_fallback_reason: str | None = None  # set: the API process restarts this one on CPU
@@ -142,7 +151,7 @@ def worker_config(
     """The WorkerConfig of one worker of `inferflux serve` with these settings."""
     runtime, scheduler = settings.runtime, settings.scheduler
     n_threads = runtime.n_threads or max(1, (os.cpu_count() or 1) // runtime.workers)
-    cache_slots = scheduler.prefix_cache.slots if scheduler.prefix_cache.enabled else 0
+    cache_slots = prefix_cache_slots(runtime, scheduler.prefix_cache)
     n_cells = None
     if runtime.kv_cache_sizing == "tokens":  # the running contexts + the cache's budget
         cache_cells = scheduler.prefix_cache.max_tokens or model_info.n_ctx
@@ -177,6 +186,7 @@ def worker_config(
         nvme_offload=runtime.nvme_offload,
         kv_persistence=runtime.kv_persistence,
         speculative=spec_config(runtime.speculative_decoding),
+        cache_slots=cache_slots,
         gpu_fallback=runtime.gpu_fallback,
         fault_gpu_init=runtime.fault_gpu_init,
         mmproj=model_info.mmproj,
@@ -239,8 +249,10 @@ def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
     settings = config.scheduling.prefix_cache
     first = config.max_num_seqs
     # Only the sequences the context has beyond the running ones (worker_config adds them).
-    slots = min(settings.slots, config.context.n_seq_max - first)
-    if not settings.enabled or slots <= 0:
+    slots = config.context.n_seq_max - first
+    if config.cache_slots is not None:
+        slots = min(config.cache_slots, slots)
+    if not settings.enabled or (slots <= 0 and config.cache_slots != 0):
         return None
     context = config.context
     if context.n_cells is not None:  # sized by tokens: the cells beyond the running ones

@@ -21,11 +21,33 @@ INFO = ModelInfo(
 
 
 def test_slot_sizing_gives_every_sequence_a_context() -> None:
-    config = worker_config(load_settings(env={}), INFO)
+    config = worker_config(
+        load_settings(env={"INFERFLUX_SCHEDULER__PREFIX_CACHE__SLOTS": "8"}), INFO
+    )
     assert config.context.n_cells is None and config.context.swa_full
     assert config.context.n_seq_max == 16 + 8
     cache = _prefix_cache(config)
     assert cache is not None and cache.max_tokens == int(0.8 * 8 * 1024)
+
+
+def test_parked_slots_and_a_host_tier_leave_no_cache_slots_by_default() -> None:
+    """The defaults park finished requests' KV in place and save what they displace in
+    host RAM: nothing fills a cache slot, so none is reserved (8 full contexts of KV less).
+    The index stays, for the parked slots and the lower tiers."""
+    config = worker_config(load_settings(env={}), INFO)
+    assert config.context.n_seq_max == 16 and config.cache_slots == 0
+    cache = _prefix_cache(config)
+    assert cache is not None and cache.slot_ids == [] and cache.max_tokens == 0
+    for env in (
+        {"INFERFLUX_SCHEDULER__PREFIX_CACHE__REUSE_IN_PLACE": "false"},
+        {"INFERFLUX_RUNTIME__PAGED_KV__CPU_PAGES": "0"},
+        {"INFERFLUX_RUNTIME__KV_UNIFIED": "true"},
+    ):  # a finished request's KV goes into a cache slot: 8 of them
+        assert worker_config(load_settings(env=env), INFO).context.n_seq_max == 16 + 8, env
+    off = worker_config(
+        load_settings(env={"INFERFLUX_SCHEDULER__PREFIX_CACHE__ENABLED": "0"}), INFO
+    )
+    assert off.context.n_seq_max == 16 and _prefix_cache(off) is None
 
 
 def test_token_sizing_adds_only_the_cache_budget_to_the_running_contexts() -> None:
