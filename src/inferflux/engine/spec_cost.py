@@ -15,10 +15,9 @@ and `extra_row_cost` still override it.
 Why keep a record: one start's two passes are at the mercy of whatever else the machine
 does (SmolLM2 on the 2-core VM, ten starts: a one-row step 11.8 to 21.4 ms, a 16-row
 step 7.3 to 19.9 one-row steps), and the gate drafts whatever length the table prices
-too low. Each width
-keeps its fastest time over `SETTLED_STARTS` starts (noise only adds); from then on a
-start reads the record instead of measuring, which also takes 2-5 s off every worker
-start, hot reload and scale-up.
+too low. Each width keeps its fastest time over `SETTLED_STARTS` starts (noise only
+adds); from then on a start reads the record instead of measuring, which also takes
+2-5 s off every worker start, hot reload and scale-up.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from inferflux.engine.backends.base import DecodeChunk, SamplerHandle
+from inferflux.engine.kv_setup import model_identity
 from inferflux.engine.speculative import StepCost
 
 if TYPE_CHECKING:
@@ -159,18 +159,12 @@ def _log(cost: StepCost, one_s: float, how: str) -> None:
 
 def record_key(context: ContextConfig) -> str:
     """The record entry of `context`'s calibration: a digest of what its step times
-    depend on: the model file (path, size, mtime), its adapters, threads, GPU layers, KV
-    mode, the llama.cpp build and its view of the machine (CPU features, backends), the
-    CPU model and the CPUs this process may use."""
+    depend on: the model and its adapters (`model_identity` without a digest folder: the
+    files' paths, sizes and mtimes), threads, GPU layers, KV mode, the llama.cpp build
+    and its view of the machine (CPU features, backends), the CPU model and the CPUs this
+    process may use."""
     import llama_cpp
     import llama_cpp.llama_cpp as ll
-
-    def stat(path: str) -> tuple[str, int, int]:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return path, -1, -1
-        return path, st.st_size, st.st_mtime_ns
 
     cpu = ""
     with contextlib.suppress(OSError):
@@ -179,8 +173,7 @@ def record_key(context: ContextConfig) -> str:
             (line.split(":", 1)[1].strip() for line in names if line.startswith("model name")), ""
         )
     parts = [
-        stat(context.model_path),
-        [(stat(path), scale) for path, scale in context.lora],
+        model_identity(context.model_path, "", context.lora, None),
         context.n_threads,
         context.n_threads_batch,
         context.n_gpu_layers,
@@ -190,7 +183,7 @@ def record_key(context: ContextConfig) -> str:
         cpu,
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     ]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
 def _read(record: Path, key: str) -> tuple[dict[int, float], int] | None:

@@ -250,8 +250,9 @@ def _prefix_cache(config: WorkerConfig) -> PrefixCache | None:
     first = config.max_num_seqs
     # Only the sequences the context has beyond the running ones (worker_config adds them).
     slots = config.context.n_seq_max - first
-    if config.cache_slots is not None:
-        slots = min(config.cache_slots, slots)
+    cap = config.cache_slots if config.cache_slots is not None else settings.slots
+    if cap is not None:
+        slots = min(cap, slots)
     if not settings.enabled or (slots <= 0 and config.cache_slots != 0):
         return None
     context = config.context

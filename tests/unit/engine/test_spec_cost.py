@@ -4,7 +4,9 @@ across starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -13,6 +15,7 @@ import pytest
 
 from inferflux.engine import spec_cost
 from inferflux.engine.backends.base import DecodeChunk, SamplerHandle
+from inferflux.engine.backends.llama_cpp import ContextConfig
 from inferflux.engine.speculative import StepCost
 
 
@@ -132,3 +135,21 @@ def test_a_corrupt_or_unwritable_record_only_costs_a_measurement(
     backend, cost = _start(monkeypatch, blocked / "step-cost.json")  # its folder is a file
     assert backend.widths and cost(8) < cost(7)
     assert "could not record the step costs" in caplog.text
+
+
+def test_the_record_key_changes_with_the_model_file_threads_and_kv_mode(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 100)
+    context = ContextConfig(str(model), 512, 4, 256, 2, 2, False)
+    key = spec_cost.record_key(context)
+    assert key == spec_cost.record_key(context)  # stable: the same entry at the next start
+    others = [
+        dataclasses.replace(context, n_threads=1),
+        dataclasses.replace(context, n_threads_batch=4),
+        dataclasses.replace(context, kv_unified=True),
+        dataclasses.replace(context, n_gpu_layers=-1),
+    ]
+    assert all(spec_cost.record_key(c) != key for c in others)
+    model.write_bytes(b"y" * 100)  # another file at the same path: a new mtime
+    os.utime(model, ns=(1, 1))
+    assert spec_cost.record_key(context) != key
