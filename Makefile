@@ -11,7 +11,7 @@ PROTO   := proto/inferflux/v1/inference.proto
 GEN     := src/inferflux/api/grpc/gen
 GEN_PB2 := $(GEN)/inference_pb2.py
 
-.PHONY: setup proto run test check kubectl format bench compare chaos clean dist sbom licenses audit
+.PHONY: setup proto run test check kubectl format bench compare chaos contract clean dist sbom licenses audit
 
 setup: $(STAMP) $(GEN_PB2)
 
@@ -91,6 +91,11 @@ compare: setup
 # machine. ARGS: e.g. --only worker,client --soak-requests 2000 (see --help).
 chaos: setup
 	$(BIN)/python -m tests.chaos $(ARGS)
+
+# The structured-output contract over the whole schema corpus on both models (make test
+# runs a sample of it; tests/integration/test_structured_contract.py).
+contract: setup
+	INFERFLUX_CONTRACT_FULL=1 $(BIN)/python -m pytest tests/integration/test_structured_contract.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build/proto $(GEN)

@@ -13,6 +13,13 @@ use almost no CPU (measured over 15 idle seconds after a request, SmolLM2: llama
         --models smollm2 --workloads edit,chat --rounds 3 \\
         --configs inferflux-off,inferflux-on,llama-server,llama-server-ngram-simple
 
+Every round starts every server afresh, in an order and on ports rotated from round to
+round (`--no-restart` keeps one set). The fourteenth session's A/A check (two servers of
+the same config, kept up for three rounds) found them 4–6% apart in every round, always
+the same one ahead: something fixed for a process's life (its start position, its port,
+its memory layout) moves its speed by that much. Fresh servers each round turn that into
+round-to-round spread, which the [min–max] shows and the mean averages out.
+
 Every round puts a tag of its own before each prompt ("Request 2.3."), so no server
 serves a prompt from the KV an earlier round left: llama-server keeps up to 8 GiB of
 prompts in RAM (`--cache-ram`), InferFlux's prefix cache 8 sequences by default, and the
@@ -76,17 +83,16 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
     model = load_model(key)
     configs = [c for c in args.configs if tools.llama_server or not c.startswith("llama")]
     rows: list[Row] = []
-    with ExitStack() as stack:
-        urls = {}
-        for i, config in enumerate(configs):  # every server up at once, each its own port
-            port = args.port + i
-            server = _server(config, tools, model, port, args.draft_model, args.variants)
-            log = LOGS / f"spec-paired-{key}-{config}.log"
-            urls[config] = stack.enter_context(running(server, port, log)).url
-        for url in urls.values():  # warm
-            asyncio.run(_one(url, _prompts("chat")[0], 4))
-        turn = 0
+    turn = 0
+    servers: ExitStack | None = None
+    urls: dict[str, str] = {}
+    try:
         for round_ in range(args.rounds):
+            if servers is None or args.restart_each_round:
+                if servers is not None:
+                    servers.close()
+                servers = ExitStack()
+                urls = _start(key, model, tools, args, rotation(configs, round_), servers)
             for workload in args.workloads:
                 for index, prompt in enumerate(_prompts(workload)):
                     tagged = fresh(prompt, round_, index)
@@ -100,6 +106,7 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
                             "workload": workload,
                             "prompt": index,
                             "round": round_,
+                            "port": int(urls[config].rsplit(":", 1)[1]),
                             "tokens": tokens,
                             "seconds": round(seconds, 4),
                             "drafted": drafted,
@@ -108,7 +115,26 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
                         print(json.dumps(row), flush=True)
                         rows.append(row)
                     turn += 1
+    finally:
+        if servers is not None:
+            servers.close()
     return rows
+
+
+def _start(
+    key: str, model: Any, tools: Toolchain, args: Any, order: list[str], stack: ExitStack
+) -> dict[str, str]:
+    """Start every config's server, in `order`, the i-th on port `args.port + i`, and warm
+    each with one short request; their URLs by config."""
+    urls = {}
+    for i, config in enumerate(order):
+        port = args.port + i
+        server = _server(config, tools, model, port, args.draft_model, args.variants)
+        log = LOGS / f"spec-paired-{key}-{config}.log"
+        urls[config] = stack.enter_context(running(server, port, log)).url
+    for url in urls.values():
+        asyncio.run(_one(url, _prompts("chat")[0], 4))
+    return urls
 
 
 def summarize(rows: list[Row], reference: str) -> list[Row]:
@@ -172,6 +198,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--rounds", type=int, default=3, help="every prompt this many times")
     p.add_argument("--port", type=int, default=18451, help="the first server's; then +1 each")
+    p.add_argument(
+        "--no-restart",
+        dest="restart_each_round",
+        action="store_false",
+        help="keep one set of servers for every round (the fourteenth session's A/A check "
+        "found a 4-6%% gap between two identical servers kept up across rounds)",
+    )
     p.add_argument("--out", default=str(RESULTS / "spec_paired"))
     add_config_args(p)
     return p

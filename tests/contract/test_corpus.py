@@ -13,6 +13,7 @@ from tests.contract.corpus import (
     feature_counts,
     judge_output,
     load_corpus,
+    sample,
     schema_features,
     validation_errors,
 )
@@ -68,6 +69,14 @@ def test_the_corpus_covers_every_feature() -> None:
     counts = feature_counts(CASES)
     short = {f: (counts[f], need) for f, need in MIN_COVERAGE.items() if counts[f] < need}
     assert not short, f"feature: (schemas, needed) = {short}"
+
+
+def test_the_sample_make_test_runs_uses_every_feature_in_a_third_of_the_cases() -> None:
+    chosen = sample(CASES)
+    assert set(feature_counts(chosen)) == set(feature_counts(CASES))
+    assert len(CASES) // 3 <= len(chosen) <= len(CASES) // 2
+    assert [c.name for c in chosen] == sorted(c.name for c in chosen)  # corpus order
+    assert {c.name for c in CASES[::3]} <= {c.name for c in chosen}
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from inferflux.engine.messages import (
     Priority,
     RequestDelta,
     SamplingParams,
+    TokenLogprob,
 )
 from inferflux.engine.worker import WorkerConfig, build_engine_core
 
@@ -411,9 +412,12 @@ def test_logprobs_of_sampled_tokens_and_of_the_prompt(
 LONG_TEXT = chat("Summarise this: " + " ".join(["the river runs to the sea"] * 30))
 
 
+Answer = tuple[list[int], list[TokenLogprob]]  # greedy tokens, each with its top 2
+
+
 def steps_beside_streams(
     path: str, tokenizer: LlamaTokenizer, asks: dict[str, str], **scheduling: object
-) -> tuple[list[tuple[int, int]], dict[str, list[int]], dict[str, list[int]]]:
+) -> tuple[list[tuple[int, int]], dict[str, Answer], dict[str, list[int]]]:
     """Three greedy streams decoding, then `asks` (id: chat text, 12 tokens each) sent
     together and run to the end. Returns (decode rows, other tokens) of each step from
     then on, the answers, and the prompts' token ids."""
@@ -430,12 +434,29 @@ def steps_beside_streams(
         start_streams(engine, tokenizer, 3, max_tokens=48)
         steps.clear()
         prompts = {
-            rid: submit(engine, tokenizer, rid, text, max_tokens=12) for rid, text in asks.items()
+            rid: submit(engine, tokenizer, rid, text, max_tokens=12, logprobs=2)
+            for rid, text in asks.items()
         }
         out = drain(engine)
     finally:
         engine.close()
-    return steps, {rid: tokens(out[rid]) for rid in asks}, prompts
+    answers = {rid: (tokens(out[rid]), [lp for d in out[rid] for lp in d.logprobs or []])
+               for rid in asks}  # fmt: skip
+    return steps, answers, prompts
+
+
+def assert_same_greedy_answer(one: Answer, other: Answer, margin: float = 0.25) -> None:
+    """The same tokens, or the same up to a position where greedy decoding stood at a
+    near-tie in both runs: their top two within `margin` nats, each run taking one of the
+    two. A step computes a prompt in other ubatch shapes when the batch around it differs,
+    and llama.cpp's CPU kernels round differently per shape, so a near-tie may go either
+    way (seen: SmolLM2's top two 0.13 nats apart); past it the contexts differ."""
+    for i, (a, b) in enumerate(zip(one[0], other[0], strict=True)):
+        if a != b:
+            for lp in (one[1][i], other[1][i]):
+                (first, lp1), (second, lp2) = lp.top[:2]
+                assert {a, b} == {first, second} and lp1 - lp2 < margin, (i, one, other)
+            return
 
 
 def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_streams(
@@ -444,9 +465,9 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
     """Stall-free steps on the real engine: with `itl_target_ratio` 2 a 200-token prompt
     arriving beside three streams is computed over several steps of a few dozen tokens
     (uncapped, with prompt bursts off, it takes one step beside them), and its answer is
-    the uncapped one, token for token."""
+    the uncapped one (`assert_same_greedy_answer`)."""
     asks = {"long": LONG_TEXT}
-    runs: dict[float, tuple[list[int], list[int]]] = {}
+    runs: dict[float, tuple[list[int], Answer]] = {}
     for ratio in (0.0, 2.0):
         steps, answers, prompts = steps_beside_streams(
             smollm2_model_path, tokenizer, asks, itl_target_ratio=ratio, burst_stall_ms=0.0
@@ -457,7 +478,7 @@ def test_under_a_ratio_target_a_long_prompt_is_prefilled_in_short_steps_beside_s
     uncapped, capped = runs[0.0][0], runs[2.0][0]
     assert max(uncapped) >= len(prompts["long"]) - 1  # one step took the whole prompt
     assert len(capped) >= 3 and max(capped) < len(prompts["long"]) // 2
-    assert runs[2.0][1] == runs[0.0][1]  # the same answer
+    assert_same_greedy_answer(runs[2.0][1], runs[0.0][1])
 
 
 def test_prompt_bursts_stand_the_streams_aside_and_change_no_answer(
@@ -465,10 +486,10 @@ def test_prompt_bursts_stand_the_streams_aside_and_change_no_answer(
 ) -> None:
     """Prompt bursts on the real engine: two prompts arriving beside three streams are
     computed in steps that carry none of the streams' tokens, the shorter prompt first in
-    a step of its own, and both answers are those of a run with bursts off, token for
-    token."""
+    a step of its own, and both answers are those of a run with bursts off
+    (`assert_same_greedy_answer`)."""
     asks = {"long": LONG_TEXT, "short": chat("Name a colour.")}
-    runs: dict[float, tuple[list[tuple[int, int]], dict[str, list[int]]]] = {}
+    runs: dict[float, tuple[list[tuple[int, int]], dict[str, Answer]]] = {}
     for stall_ms in (0.0, 30_000.0):
         steps, answers, prompts = steps_beside_streams(
             smollm2_model_path, tokenizer, asks, max_num_seqs=5, burst_stall_ms=stall_ms
@@ -477,7 +498,8 @@ def test_prompt_bursts_stand_the_streams_aside_and_change_no_answer(
     assert runs[0.0][0][0][0] == 3  # off: the streams feed a token beside the prompts
     lengths = [len(prompts["short"]), len(prompts["long"])]
     assert runs[30_000.0][0] == [(0, lengths[0]), (0, lengths[1])]
-    assert runs[30_000.0][1] == runs[0.0][1]
+    for rid in asks:
+        assert_same_greedy_answer(runs[30_000.0][1][rid], runs[0.0][1][rid])
 
 
 def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
@@ -519,3 +541,35 @@ def test_a_step_stopped_for_a_high_priority_arrival_changes_no_answer(
             assert asked.count(True) == 1
     assert answers[True] == answers[False]
     assert len(answers[True]["long"]) == 12
+
+
+def test_requests_that_finish_mid_step_leave_the_rest_of_the_step_its_logits(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """Two requests end in one step while a third still samples after them. With the
+    copying prefix cache and one cache slot, the second's insert evicts the first's entry
+    into the host tier before the first's copy has been decoded, and saving it decodes
+    (`LlamaCppBackend._settle`): run then, that decode overwrote the step's logits and
+    the third request failed ("invalid logits id"). Finish's KV ops now wait for the
+    step's last row."""
+    prompts = {rid: chat(f"Tell me about {topic}.") for rid, topic in
+               (("a", "rivers"), ("b", "mountains"), ("c", "deserts"))}  # fmt: skip
+
+    def run(rids: tuple[str, ...]) -> dict[str, list[RequestDelta]]:
+        engine = make_core(smollm2_model_path, max_num_seqs=3, cache_slots=1,
+                           reuse_in_place=False)  # fmt: skip
+        try:
+            for rid in rids:
+                submit(engine, tokenizer, rid, prompts[rid], ignore_eos=True,
+                       max_tokens=24 if rid == "c" else 6)  # fmt: skip
+            out = drain(engine)
+            tiers = engine.stats().kv_tiers
+            assert tiers is not None and tiers.spills >= (1 if len(rids) > 1 else 0)
+            return out
+        finally:
+            engine.close()
+
+    together, alone = run(("a", "b", "c")), run(("c",))
+    assert all(d.error is None for deltas in together.values() for d in deltas), together
+    assert together["c"][-1].finish_reason is FinishReason.LENGTH
+    assert tokens(together["c"]) == tokens(alone["c"])

@@ -14,12 +14,19 @@ and over) until max_tokens, which the contract reports as `length`, valid false.
 complete. So each model has a floor below its measured rate (greedy outputs shift with
 batch composition), a regression check, and the per-model figures are printed in the
 "structured output compliance" section at the end of the pytest run.
+
+`make test` runs a sample of the corpus (`corpus.sample`: every third schema, plus one
+for each feature none of those uses; 66 of 170) with floors that allow for the smaller
+sample: the whole corpus on both models took about 250 s of the suite. `make contract`
+(`INFERFLUX_CONTRACT_FULL=1`) runs all of it with the measured floors; run it after a
+change to the grammar engine, the sampler or the contract.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,18 +36,22 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.contract.corpus import ContractCase, judge_output, load_corpus
+from tests.contract.corpus import ContractCase, judge_output, load_corpus, sample
 from tests.integration.server_process import ServerProcess
 from tests.openai_envelope import assert_envelope
 
 pytestmark = [pytest.mark.model, pytest.mark.server, pytest.mark.timeout(900)]
 
-CASES = load_corpus()
+FULL = os.environ.get("INFERFLUX_CONTRACT_FULL", "") not in ("", "0")
+CORPUS = load_corpus()
+CASES = CORPUS if FULL else sample(CORPUS)
 MODELS = ("smollm2", "gemma")
 MAX_TOKENS = 256
 CONCURRENCY = 8
 KPI_VALID_RATIO = 0.995  # the spec's target, reported, not asserted (module docstring)
-MIN_VALID_RATIO = {"smollm2": 0.97, "gemma": 0.9}
+# Measured on the whole corpus: SmolLM2 169/170, Gemma 161/170 (BENCHMARKS.md). On the
+# sample, floors that allow 3 and 9 misses of 66 (the whole corpus' rates predict 0.4, 3.5).
+MIN_VALID_RATIO = {"smollm2": 0.97, "gemma": 0.9} if FULL else {"smollm2": 0.94, "gemma": 0.85}
 SYSTEM = "You answer with JSON only."
 
 
@@ -321,7 +332,7 @@ def test_json_object_on_completions(http: httpx.Client) -> None:
     _check_verdict(choice, choice["text"], None)
 
 
-COMPLETION_CASES = [c for c in CASES if c.name in ("book", "sentiment_label", "ref_invoice_lines")]
+COMPLETION_CASES = [c for c in CORPUS if c.name in ("book", "sentiment_label", "ref_invoice_lines")]
 
 
 @pytest.mark.parametrize("case", COMPLETION_CASES, ids=[c.name for c in COMPLETION_CASES])
@@ -342,7 +353,7 @@ def test_json_schema_on_completions(http: httpx.Client, case: ContractCase) -> N
 def test_an_output_cut_by_max_tokens_is_length_and_not_valid(
     http: httpx.Client, endpoint: str
 ) -> None:
-    case = next(c for c in CASES if c.name == "order_full")
+    case = next(c for c in CORPUS if c.name == "order_full")
     body: dict[str, Any] = {
         "max_tokens": 6,
         "temperature": 0,

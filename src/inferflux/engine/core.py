@@ -150,6 +150,10 @@ class EngineCore:
         self._states: dict[RequestId, _SequenceState] = {}
         # constrained requests held back until the backend can build their samplers
         self._deferred: list[AddRequest] = []
+        # KV ops of requests that finish while a step's rows are being sampled: applied
+        # after the last row, since a KV save may decode (`LlamaCppBackend._settle`), and a
+        # decode overwrites the logits the rows not yet sampled are read from
+        self._held_kv_ops: list[KvOp] | None = None
         self._stats = EngineStats(kv_cells_total=backend.n_ctx_total)
         self._recorder = StepRecorder()
         self._taken_tokens = (0, 0)  # prompt, generated totals at the last take_step_stats
@@ -527,20 +531,25 @@ class EngineCore:
         self, chunks: list[ScheduledChunk], rows: list[int]
     ) -> list[RequestDelta]:
         deltas: list[RequestDelta] = []
-        for chunk, row in zip(chunks, rows, strict=True):
-            request = chunk.request
-            state = self._states[request.request_id]
-            if _scores_prompt(chunk, state):
-                self._score_prompt(chunk, row, state)
-            request.num_computed_tokens += len(chunk.token_ids)
-            if request.num_computed_tokens <= request.num_prompt_tokens:
-                self._stats.num_prompt_tokens_total += len(chunk.token_ids)
-            if chunk.draft_token_ids:
-                deltas.append(self._verify(chunk, row))
-            elif chunk.sample and self.handoffs and self.handoffs.sends(request.request_id):
-                deltas.append(self._hand_off(request, chunk.seq_id))
-            elif chunk.sample:
-                deltas.append(self._sample_isolated(chunk, row))
+        self._held_kv_ops = []
+        try:
+            for chunk, row in zip(chunks, rows, strict=True):
+                request = chunk.request
+                state = self._states[request.request_id]
+                if _scores_prompt(chunk, state):
+                    self._score_prompt(chunk, row, state)
+                request.num_computed_tokens += len(chunk.token_ids)
+                if request.num_computed_tokens <= request.num_prompt_tokens:
+                    self._stats.num_prompt_tokens_total += len(chunk.token_ids)
+                if chunk.draft_token_ids:
+                    deltas.append(self._verify(chunk, row))
+                elif chunk.sample and self.handoffs and self.handoffs.sends(request.request_id):
+                    deltas.append(self._hand_off(request, chunk.seq_id))
+                elif chunk.sample:
+                    deltas.append(self._sample_isolated(chunk, row))
+        finally:
+            held, self._held_kv_ops = self._held_kv_ops, None
+            self._apply_kv_ops(held)
         return deltas
 
     def _load_kv(self, op: KvRestore | KvHydrate) -> bool:
@@ -669,7 +678,10 @@ class EngineCore:
         if self.speculator is not None:
             self.speculator.forget(request.request_id)
         _, ops = self.scheduler.finish(request.request_id, cache=reason in _CACHEABLE)
-        self._apply_kv_ops(ops)
+        if self._held_kv_ops is not None:
+            self._held_kv_ops.extend(ops)  # after the step's last row is sampled
+        else:
+            self._apply_kv_ops(ops)
         state = self._states.pop(request.request_id)
         self._unpin(request.request_id)
         if self.handoffs is not None:

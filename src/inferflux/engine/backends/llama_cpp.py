@@ -597,9 +597,8 @@ class LlamaCppBackend:
         """`dst` := the first `n_tokens` positions of `src`. False (dst empty) when `src`
         lacks window positions the next token needs (`_window_covers`).
 
-        NOTE: with per-sequence KV (kv_unified off) llama.cpp copies whole streams only; a
-        partial range aborts the process (docs/engine-notes.md). So copy all of `src`, then
-        drop the tail from `dst`. In unified mode the copy shares cells (no data moves).
+        NOTE: with per-sequence KV llama.cpp copies whole streams only, a partial range aborts
+        (docs/engine-notes.md): copy all of `src`, drop `dst`'s tail. Unified: cells shared.
         """
         ll.llama_memory_seq_rm(self._memory, dst, -1, -1)
         if not self._window_covers(src, n_tokens):
@@ -615,12 +614,11 @@ class LlamaCppBackend:
         """Run the pending stream copies now if `seq_id`'s bytes are about to be read (a
         copy's destination) or overwritten (`as_source`: either end).
 
-        NOTE: across streams llama.cpp moves the cells' metadata at `llama_memory_seq_cp`
-        but the K/V bytes only at the next `llama_decode`. Read before it, the destination
-        gives the bytes it held before the copy (measured: a restored blob's logits off by
-        32); a state loaded into either end before it is then overwritten by the copy.
-        There is no API to run the update alone, so one token is decoded into an empty
-        sequence (or after `seq_id`'s last position) and removed again."""
+        NOTE: across streams llama.cpp moves the cells' metadata at `llama_memory_seq_cp` but
+        the K/V bytes at the next `llama_decode`: read before it, the destination gives its
+        old bytes (a restored blob's logits were off by 32); a state loaded into either end
+        is overwritten by the copy. No API runs the update alone, so one token is decoded
+        into an empty sequence (or after `seq_id`'s last position) and removed."""
         pending = self._pending_copies
         if not any(seq_id == dst or (as_source and seq_id == src) for src, dst in pending):
             return
@@ -638,8 +636,7 @@ class LlamaCppBackend:
         """Cut `seq_id` to its first `n_tokens` positions in place (no copy); False
         (cleared) when it does not hold them all, or when the window they leave would not
         cover the next token."""
-        held = ll.llama_memory_seq_pos_max(self._memory, seq_id) >= n_tokens - 1
-        if held and self._window_covers(seq_id, n_tokens):
+        if self._pos_max(seq_id) >= n_tokens - 1 and self._window_covers(seq_id, n_tokens):
             return self.trim_seq(seq_id, n_tokens)
         self.free_seq(seq_id)
         return False
@@ -764,9 +761,12 @@ class _NumpyBatch:
         )
 
     def fill(self, chunks: list[DecodeChunk]) -> list[int]:
-        rows: list[int] = []
+        """Rows sorted by seq id (llama.cpp runs one ubatch, a pass over the weights, per run of
+        consecutive ids in batch order: engine-notes.md); per chunk its last logits row."""
+        rows = [-1] * len(chunks)
         n = 0
-        for seq_id, token_ids, start_pos, n_logits in chunks:
+        for i in sorted(range(len(chunks)), key=lambda i: chunks[i][0]):
+            seq_id, token_ids, start_pos, n_logits = chunks[i]
             k = len(token_ids)
             if n + k > self.capacity:
                 raise EngineError(f"step of {n + k} tokens exceeds the batch of {self.capacity}")
@@ -777,7 +777,7 @@ class _NumpyBatch:
             self.logits[n:end] = 0
             if n_logits:
                 self.logits[end - min(int(n_logits), k) : end] = 1
-            rows.append(end - 1 if n_logits else -1)
+            rows[i] = end - 1 if n_logits else -1
             n = end
         self.struct.n_tokens = n
         return rows
