@@ -613,10 +613,12 @@ class Scheduler:
         if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
             tokens = request.prompt_token_ids + request.output_token_ids
             limit = len(tokens) - 1  # the last token is computed: its logits give a sample
-            found = parked.best(
-                request.cache_namespace, tokens, max_length=limit, free=self._free_seq_ids
-            )
-            peek = cache.peek(request.cache_namespace, tokens, max_length=limit)
+            space = request.cache_namespace
+            found = parked.best(space, tokens, max_length=limit, free=self._free_seq_ids)
+            peek = cache.peek(space, tokens, max_length=limit)
+            tiers = self.lower_tiers  # a longer saved prefix is restored into a free slot
+            if found and tiers and tiers.match(space, tokens, max_length=limit, have=found[1]):
+                found = None  # (_reuse_prefix) rather than a shorter parked one continued
             if found is not None and found[1] >= (peek.length if peek else 0):
                 entry, kept = found
                 self._free_seq_ids.remove(entry.slot)
@@ -625,8 +627,7 @@ class Scheduler:
                 kv_ops.extend(self._unpark(SeqId(entry.slot), kept))
                 kv_ops.append(KvKeep(SeqId(entry.slot), kept, request))
                 return SeqId(entry.slot), kept
-        # NOTE: the lowest free slot keeps active seq ids packed; scattered slots made
-        # llama_decode up to 2x slower in per-sequence KV mode (docs/engine-notes.md).
+        # NOTE: the lowest free slot keeps seq ids packed (gaps cost: docs/engine-notes.md)
         seq_id = SeqId(heapq.heappop(self._free_seq_ids))
         if parked and seq_id in parked:  # never evicting the entry the request will copy
             kv_ops.extend([*self._unpark(seq_id, 0, peek.slot if peek else -1), KvFree(seq_id)])
