@@ -549,7 +549,8 @@ class EngineCore:
                     deltas.append(self._sample_isolated(chunk, row))
         finally:
             held, self._held_kv_ops = self._held_kv_ops, None
-            self._apply_kv_ops(held)
+            if held:  # the step loop runs this every step: no spill check when none finished
+                self._apply_kv_ops(held)
         return deltas
 
     def _load_kv(self, op: KvRestore | KvHydrate) -> bool:
