@@ -1,5 +1,5 @@
-"""Speculative decoding at c = 1, paired: every config's server up at once, requests
-alternated between them one at a time.
+"""Speculative decoding, paired: every config's server up at once, requests
+alternated between them one turn at a time.
 
 `speculative.py --rounds N` runs a config's whole level before the next config starts, so
 on a VM whose speed drifts by 30–45% within minutes (BENCHMARKS.md, ninth session) a
@@ -25,10 +25,14 @@ serves a prompt from the KV an earlier round left: llama-server keeps up to 8 Gi
 prompts in RAM (`--cache-ram`), InferFlux's prefix cache 8 sequences by default, and the
 same twelve prompts sent again would measure their caches, not their decoding.
 
-Per model and workload: each config's tok/s (completion tokens ÷ the time of its own
-requests), and per round the ratio to `--reference` (default `inferflux-off`) over the
-same prompts; the table gives the ratios' mean and [min–max] over the rounds. Configs
-and workloads as in `speculative.py`. Results: bench/results/spec_paired.{json,md}.
+`--levels 1,4,8`: at a level c > 1 a turn sends c prompts at once to one config, then
+the same c (each tagged apart, so none shares a cached prefix with another) to the next;
+a workload's prompts are cycled until each has been sent at least once.
+
+Per model, workload and level: each config's tok/s (completion tokens ÷ the wall time of
+its own turns), and per round the ratio to `--reference` (default `inferflux-off`) over
+the same prompts; the table gives the ratios' mean and [min–max] over the rounds.
+Configs and workloads as in `speculative.py`. Results: bench/results/spec_paired.{json,md}.
 """
 
 from __future__ import annotations
@@ -72,11 +76,21 @@ def fresh(prompt: str, round_: int, index: int) -> str:
     return f"Request {round_ + 1}.{index + 1}. {prompt}"
 
 
-async def _one(url: str, prompt: str, max_tokens: int) -> tuple[int, int, int, float]:
+def batches(count: int, level: int) -> list[list[int]]:
+    """The prompt indices of each turn at concurrency `level` over `count` prompts: runs
+    of `level`, cycling, until every prompt has been in one."""
+    turns = -(-count // level)
+    return [[(t * level + j) % count for j in range(level)] for t in range(turns)]
+
+
+async def _one(url: str, prompts: list[str], max_tokens: int) -> tuple[int, int, int, float]:
+    """`prompts` sent at once, one client each: (tokens, drafted, accepted, wall seconds)."""
     async with httpx.AsyncClient() as http:
         started = time.perf_counter()
-        tokens, drafted, accepted = await _client(http, url, [prompt], max_tokens)
-        return tokens, drafted, accepted, time.perf_counter() - started
+        results = await asyncio.gather(*(_client(http, url, [p], max_tokens) for p in prompts))
+        seconds = time.perf_counter() - started
+    tokens, drafted, accepted = (sum(r[i] for r in results) for i in range(3))
+    return tokens, drafted, accepted, seconds
 
 
 def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
@@ -93,9 +107,12 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
                     servers.close()
                 servers = ExitStack()
                 urls = _start(key, model, tools, args, rotation(configs, round_), servers)
-            for workload in args.workloads:
-                for index, prompt in enumerate(_prompts(workload)):
-                    tagged = fresh(prompt, round_, index)
+            for workload, level in ((w, c) for w in args.workloads for c in args.levels):
+                prompts = _prompts(workload)
+                for index, batch in enumerate(batches(len(prompts), level)):
+                    tagged = [
+                        fresh(prompts[i], round_, index * level + j) for j, i in enumerate(batch)
+                    ]
                     for config in rotation(configs, turn):
                         tokens, drafted, accepted, seconds = asyncio.run(
                             _one(urls[config], tagged, args.max_tokens)
@@ -104,6 +121,7 @@ def run_model(key: str, tools: Toolchain, args: Any) -> list[Row]:
                             "model": key,
                             "config": config,
                             "workload": workload,
+                            "concurrency": level,
                             "prompt": index,
                             "round": round_,
                             "port": int(urls[config].rsplit(":", 1)[1]),
@@ -133,27 +151,29 @@ def _start(
         log = LOGS / f"spec-paired-{key}-{config}.log"
         urls[config] = stack.enter_context(running(server, port, log)).url
     for url in urls.values():
-        asyncio.run(_one(url, _prompts("chat")[0], 4))
+        asyncio.run(_one(url, _prompts("chat")[:1], 4))
     return urls
 
 
 def summarize(rows: list[Row], reference: str) -> list[Row]:
-    """Per (model, workload, config): tok/s over all rounds, and the per-round ratio of
-    tok/s to `reference`'s over the same prompts."""
+    """Per (model, workload, concurrency, config): tok/s over all rounds, and the
+    per-round ratio of tok/s to `reference`'s over the same prompts."""
     out: list[Row] = []
-    cells: dict[tuple[str, str, str], dict[int, list[Row]]] = {}
+    cells: dict[tuple[str, str, int, str], dict[int, list[Row]]] = {}
     for r in rows:
-        cells.setdefault((r["model"], r["workload"], r["config"]), {}).setdefault(
+        level = r.get("concurrency", 1)
+        cells.setdefault((r["model"], r["workload"], level, r["config"]), {}).setdefault(
             r["round"], []
         ).append(r)
-    for (model, workload, config), rounds in cells.items():
-        ref = cells.get((model, workload, reference), {})
+    for (model, workload, level, config), rounds in cells.items():
+        ref = cells.get((model, workload, level, reference), {})
         ratios = [_tok_s(mine) / _tok_s(ref[n]) for n, mine in sorted(rounds.items()) if ref.get(n)]
         every = [r for mine in rounds.values() for r in mine]
         out.append(
             {
                 "model": model,
                 "workload": workload,
+                "concurrency": level,
                 "config": config,
                 "tokens": sum(r["tokens"] for r in every),
                 "tok_s": round(_tok_s(every), 3),
@@ -171,9 +191,9 @@ def _tok_s(rows: list[Row]) -> float:
 
 def markdown(summary: list[Row], reference: str) -> str:
     lines = [
-        f"| model | workload | config | tok/s | × {reference}, mean [min–max] of rounds "
+        f"| model | workload | c | config | tok/s | × {reference}, mean [min–max] of rounds "
         "| accepted / drafted | tokens |",
-        "| --- | --- | --- | ---: | --- | --- | ---: |",
+        "| --- | --- | ---: | --- | ---: | --- | --- | ---: |",
     ]
     for s in summary:
         ratios = s["ratios"]
@@ -183,7 +203,8 @@ def markdown(summary: list[Row], reference: str) -> str:
             else "–"
         )
         lines.append(
-            f"| {s['model']} | {s['workload']} | {s['config']} | {s['tok_s']:.1f} | {ratio} "
+            f"| {s['model']} | {s['workload']} | {s['concurrency']} | {s['config']} "
+            f"| {s['tok_s']:.1f} | {ratio} "
             f"| {s['accepted']} / {s['drafted']} | {s['tokens']} |"
         )
     return "\n".join(lines) + "\n"
@@ -197,6 +218,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default="inferflux-off", help="the ratios' denominator")
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--rounds", type=int, default=3, help="every prompt this many times")
+    p.add_argument(
+        "--levels",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[1],
+        help="concurrency levels, comma-separated: c prompts at once per turn",
+    )
     p.add_argument("--port", type=int, default=18451, help="the first server's; then +1 each")
     p.add_argument(
         "--no-restart",

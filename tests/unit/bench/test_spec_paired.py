@@ -74,7 +74,29 @@ def test_tok_s_is_tokens_over_the_configs_own_request_time() -> None:
     assert by_config["on"]["tok_s"] == 60.0
     assert by_config["on"]["ratios"] == [2.0]
     table = spec_paired.markdown(list(by_config.values()), "off")
-    assert "| m | edit | on | 60.0 | 2.000 [2.000–2.000] | 12 / 20 | 120 |" in table
+    assert "| m | edit | 1 | on | 60.0 | 2.000 [2.000–2.000] | 12 / 20 | 120 |" in table
+
+
+def test_a_level_sends_every_prompt_in_turns_of_that_many() -> None:
+    assert spec_paired.batches(4, 1) == [[0], [1], [2], [3]]
+    assert spec_paired.batches(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # fewer prompts than clients: cycled, and every prompt is sent
+    assert spec_paired.batches(4, 8) == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    assert spec_paired.batches(5, 4) == [[0, 1, 2, 3], [4, 0, 1, 2]]
+
+
+def test_levels_are_compared_only_with_the_reference_at_the_same_level() -> None:
+    rows = [
+        {**_row("off", 0, 0, 100, 4.0), "concurrency": 1},
+        {**_row("on", 0, 0, 100, 2.0), "concurrency": 1},
+        {**_row("off", 0, 0, 400, 4.0), "concurrency": 4},
+        {**_row("on", 0, 0, 400, 5.0), "concurrency": 4},
+    ]
+    ratios = {
+        (s["concurrency"], s["config"]): s["ratios"] for s in spec_paired.summarize(rows, "off")
+    }
+    assert ratios[(1, "on")] == [2.0]
+    assert ratios[(4, "on")] == [0.8]
 
 
 def test_the_reference_must_be_one_of_the_configs() -> None:
