@@ -19,8 +19,8 @@ from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend, 
 from inferflux.engine.core import EngineCore
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
 from inferflux.scheduler import Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
-from inferflux.scheduler.scheduler import SchedulingPolicy
 
 pytestmark = pytest.mark.model
 

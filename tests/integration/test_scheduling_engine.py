@@ -25,6 +25,8 @@ from inferflux.engine.messages import (
     TokenLogprob,
 )
 from inferflux.engine.worker import WorkerConfig, build_engine_core
+from inferflux.scheduler import RequestId
+from inferflux.scheduler import scheduler as scheduler_module
 
 pytestmark = pytest.mark.model
 
@@ -573,3 +575,47 @@ def test_requests_that_finish_mid_step_leave_the_rest_of_the_step_its_logits(
     assert all(d.error is None for deltas in together.values() for d in deltas), together
     assert together["c"][-1].finish_reason is FinishReason.LENGTH
     assert tokens(together["c"]) == tokens(alone["c"])
+
+
+def test_a_turn_moved_next_to_the_running_slot_answers_as_one_continued_in_place(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation's next turn whose parked slot (2) would leave a gap beside a running
+    stream (slot 0) is serialized into slot 1 (`KvMove`) and keeps its whole cached
+    turn; its answer is the one continued in place in slot 2 (`assert_same_greedy_answer`:
+    the two runs' batches split into different ubatches)."""
+    turn1 = chat("Who wrote Hamlet?")
+    runs: dict[bool, tuple[int, int, Answer]] = {}
+    for move in (True, False):
+        if not move:  # the rule off: a parked prefix is always continued in place
+            monkeypatch.setattr(scheduler_module, "packed_slot", lambda run, free, prefer: prefer)
+        engine = make_core(smollm2_model_path, index_only=True)
+        try:
+            submit(engine, tokenizer, "stream", chat("Count to 50."), max_tokens=60,
+                   ignore_eos=True)  # fmt: skip
+            submit(engine, tokenizer, "other", chat("Name a colour."), max_tokens=2)
+            submit(engine, tokenizer, "t1", turn1, max_tokens=12)
+            answer, ended = "", set()
+            while ended != {"t1", "other"}:  # the stream decodes on in slot 0
+                for delta in engine.step():
+                    answer += delta.text if delta.request_id == "t1" else ""
+                    if delta.finish_reason is not None:
+                        ended.add(delta.request_id)
+            history = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
+            submit(engine, tokenizer, "t2", chat("When?", history + answer + "<|im_end|>\n"),
+                   max_tokens=12, logprobs=2)  # fmt: skip
+            engine.step()
+            t2 = engine.scheduler.get(RequestId("t2"))
+            assert t2 is not None and t2.seq_id is not None
+            deltas = drain(engine)["t2"]
+            logprobs = [lp for d in deltas for lp in d.logprobs or []]
+            runs[move] = (t2.seq_id, deltas[-1].num_cached_tokens, (tokens(deltas), logprobs))
+        finally:
+            engine.close()
+    assert runs[True][0] == 1 and runs[False][0] == 2
+    assert (
+        runs[True][1]
+        == runs[False][1]
+        > len(tokenizer.tokenize(turn1, add_special=True, parse_special=True))
+    )
+    assert_same_greedy_answer(runs[True][2], runs[False][2])

@@ -63,6 +63,7 @@ from inferflux.scheduler.request import (
     KvFree,
     KvHydrate,
     KvKeep,
+    KvMove,
     KvOp,
     KvRestore,
     KvSave,
@@ -476,6 +477,8 @@ class EngineCore:
                 continue
             if isinstance(op, KvRestore | KvHydrate):
                 done = self._load_kv(op)  # logged why not
+            elif isinstance(op, KvMove):  # a parked prefix, where no gap is left
+                done = self._move_kv(op)
             elif isinstance(op, KvKeep):  # a parked prefix continued in place
                 done = self.backend.keep_seq(op.seq_id, op.n_tokens)
                 if not done:
@@ -496,6 +499,17 @@ class EngineCore:
             self.backend.free_seq(op.seq_id)
         elif self.kv_offload is not None:
             self.kv_offload.save_parked(op.seq_id, op.namespace, op.token_ids)
+
+    def _move_kv(self, op: KvMove) -> bool:
+        """Serialize the prefix parked in `op.src` into `op.dst` (cut to `op.n_tokens`):
+        costs what its tokens hold, where a copy across KV streams moves every cell."""
+        if self.backend.load_seq(op.dst, self.backend.save_seq(op.src), op.n_tokens):
+            return True
+        logger.warning(
+            "moving the parked prefix of %s failed; computing its prompt instead",
+            op.request.request_id,
+        )
+        return False
 
     def _copy_kv(self, op: KvCopy) -> bool:
         """A prefix-cache copy (a hit's, or an insert's); a refused one drops its entry."""
@@ -556,8 +570,9 @@ class EngineCore:
     def _load_kv(self, op: KvRestore | KvHydrate) -> bool:
         """Load a lower-tier cache entry or a hand-off ticket into the op's sequence."""
         if isinstance(op, KvRestore):
+            tokens = op.request.prompt_token_ids + op.request.output_token_ids
             return self.kv_offload is not None and self.kv_offload.restore(
-                op.key, op.dst, op.n_tokens
+                op.key, op.dst, op.n_tokens, op.request.cache_namespace, tokens
             )
         request = op.request
         if self.handoffs is None:

@@ -198,11 +198,20 @@ class KvOffload:
             return None
         return LowerTierHit(key=found.key, length=found.length)
 
-    def restore(self, key: str, seq_id: int, n_tokens: int) -> bool:
+    def restore(
+        self, key: str, seq_id: int, n_tokens: int, namespace: str = "", tokens: Sequence[int] = ()
+    ) -> bool:
         """Load entry `key` into `seq_id`, cut to `n_tokens`. False (logged, entry
         dropped, `seq_id` empty) when the bytes are gone, refused or not loadable: the
-        caller then recomputes."""
+        caller then recomputes. `tokens` (the first `n_tokens` are what the entry holds)
+        find the entry that replaced `key` since the match: a longer one saved in the
+        same step covers it (`KvTierStore.put`), and without this the request lost its
+        whole prefix (test_routing: a turn with 0 of 66 tokens cached)."""
         entry = self.store.entry(key)
+        if entry is None and len(tokens) >= n_tokens:
+            found = self.store.match(namespace, list(tokens[:n_tokens]), max_length=n_tokens)
+            if found is not None and found.length == n_tokens:
+                key, entry = found.key, self.store.entry(found.key)
         if entry is None:
             return False
         tier: Tier = entry.tier

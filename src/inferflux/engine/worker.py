@@ -81,9 +81,9 @@ from inferflux.errors import EngineError, InferfluxError, ModelLoadError
 from inferflux.observability.logging import configure_logging, update_log_policy
 from inferflux.observability.tracing import get_tracer, make_tracer_provider
 from inferflux.scheduler import Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import PriorityClass
-from inferflux.scheduler.scheduler import SchedulingPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,9 @@ A finished request's KV stays in its slot (it is *parked*). A request that conti
 furthest (at least as far as the prefix cache could) is admitted into that slot and keeps
 the shared positions in place (`KvKeep`): no copy. Any other request that takes a parked
 slot first moves the parked prefix into the prefix cache when what it would lose is
-`min_match` tokens or more (`KvCopy`), then frees it.
+`min_match` tokens or more (`KvCopy`), then frees it. When the parked slot would leave a
+gap among the running slots, the prefix is serialized into one that does not
+(`KvMove`, `packed_slot`): a gap costs every step a pass over the weights.
 
 Owns: which free request slots still hold a finished request's KV (a *parked* prefix),
 and which of them a new request continues furthest. Pure logic, like prefix_cache.py:
@@ -26,7 +28,7 @@ control does not count, so the scheduler parks only with per-sequence KV.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 
@@ -109,3 +111,22 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def packed_slot(running: Set[int], free: Iterable[int], prefer: int) -> int:
+    """The free slot a request should run in: the one that leaves `running` and it in the
+    fewest runs of consecutive ids, `prefer` on a tie (where its prefix is parked: no
+    move; else the lowest free slot), then the lowest.
+
+    Why: with a KV stream per sequence llama.cpp cuts a batch at every break in its seq
+    ids, and each piece is another pass over the weights (a 4-row step with one gap
+    cost +20% on SmolLM2, +24% on Gemma 3: docs/engine-notes.md). Only `prefer`, the
+    lowest free slot and the free slots next to a running one can do best."""
+    free = list(free)
+    candidates = {prefer, min(free)} | {s for s in free if s - 1 in running or s + 1 in running}
+    return min(candidates, key=lambda s: (_runs(running | {s}), s != prefer, s))
+
+
+def _runs(slots: Set[int]) -> int:
+    """How many runs of consecutive ids `slots` makes."""
+    return sum(1 for s in slots if s - 1 not in slots)

@@ -176,6 +176,19 @@ class KvKeep:
 
 
 @dataclass(frozen=True, slots=True)
+class KvMove:
+    """Make sequence `dst` hold the first `n_tokens` positions of the prefix parked in
+    `src`, by serializing it: this costs what its tokens hold, where a copy across KV
+    streams (`KvCopy`) moves every cell of the context. `src` keeps its KV. The request
+    runs in `dst` because `src` would leave a gap among the running slots."""
+
+    src: SeqId
+    dst: SeqId
+    n_tokens: int
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
 class KvSave:
     """Serialize sequence `seq_id`, which holds `token_ids` of `namespace`, into the lower
     tiers (engine/kv_offload.py): a parked prefix that a request displaces. Costs what
@@ -186,7 +199,7 @@ class KvSave:
     token_ids: list[int]
 
 
-KvOp = KvCopy | KvFree | KvRestore | KvHydrate | KvKeep | KvSave
+KvOp = KvCopy | KvFree | KvRestore | KvHydrate | KvKeep | KvMove | KvSave
 
 
 @dataclass(frozen=True, slots=True)

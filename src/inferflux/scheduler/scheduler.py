@@ -69,20 +69,23 @@ Parked slots (`park`): a finished request's KV stays in its slot (scheduler/park
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
-from inferflux.scheduler.parking import ParkedSlots
+from inferflux.scheduler.parking import ParkedSlots, common_prefix, packed_slot
+from inferflux.scheduler.policy import FairnessCounters, SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
     KvCopy,
     KvFree,
     KvHydrate,
     KvKeep,
+    KvMove,
     KvOp,
     KvRestore,
     KvSave,
@@ -111,42 +114,6 @@ _TIMEOUT_SCAN_S = 0.1
 _HIGH_TRAFFIC_S = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulingPolicy:
-    """The runtime-adjustable knobs (assign a new one to `Scheduler.policy`)."""
-
-    queue_timeout_s: float = 30.0  # waiting longer without starting → TIMEOUT (408)
-    aging_s: float = 5.0  # a waiting request climbs one class per aging_s (0 = no aging)
-    batch_window_s: float = 0.0  # idle engine: wait this long for more arrivals
-    enable_preemption: bool = True
-    high_priority_threshold: PriorityClass = PriorityClass.HIGH
-    max_timeslice_tokens: int = 128
-    # > 0: while HIGH-class requests arrived in the last _HIGH_TRAFFIC_S, the other
-    # prompts carry at most this many tokens a step (shorter steps to stop or wait out).
-    high_traffic_chunk_tokens: int = 128
-    # a step that carries other prompts' tokens is stopped part-way when a HIGH-class
-    # request arrives (EngineCore: it is planned again with that request)
-    interrupt_steps: bool = True
-    # the step that ends a HIGH-class prompt carries no decode rows of lower classes
-    high_prefill_alone: bool = True
-    # > 0: while sequences decode, a step carries only the prompt tokens that keep its
-    # expected time under this (stall-free batching); 0 = the whole token budget.
-    itl_target_s: float = 0.0
-    # > 0: the same cap, relative: a step may take at most this many times the expected
-    # time of its decode rows alone; the larger of the two targets applies.
-    itl_target_ratio: float = 0.0
-    # > 0: prompt bursts. While prompts are prefilled (and no stall-free target is set),
-    # the decoding streams below the HIGH class stand aside for up to this many seconds,
-    # so they pause once per burst of prompts instead of once per prompt step, and a
-    # step ends where a prompt ends, the shortest prompt first (when the measured step
-    # overhead makes that worth it). 0 = off: every step carries each stream's token
-    # (the pure-logic default; the server's is `scheduler.burst_stall_ms`, 30 s).
-    burst_stall_s: float = 0.0
-    # Host memory below this many bytes = memory pressure: half the admissions and step
-    # budget (REQ-9.5; EngineCore watches the memory). 0 = never.
-    memory_low_bytes: int = 256 * 1024 * 1024
-
-
 @dataclass(slots=True)
 class _PromptAllowance:
     """The prompt tokens one step may still carry: all of the remaining budget for a
@@ -172,20 +139,6 @@ class _PromptAllowance:
 
     def take(self, n: int) -> None:
         self.taken += n
-
-
-@dataclass(slots=True)
-class FairnessCounters:
-    """OBS-1 fairness counters, plus tokens generated per class (counted by EngineCore)."""
-
-    preemptions: int = 0
-    yields: int = 0
-    resumes: int = 0
-    timeouts: int = 0
-    interrupts: int = 0  # steps stopped part-way for a HIGH arrival (counted by EngineCore)
-    tokens: dict[PriorityClass, int] = field(
-        default_factory=lambda: dict.fromkeys(PriorityClass, 0)
-    )
 
 
 class Scheduler:
@@ -609,29 +562,67 @@ class Scheduler:
     def _slot_for(self, request: Request, kv_ops: list[KvOp]) -> tuple[SeqId, int]:
         """The request's slot, and how many of its leading tokens that slot holds already."""
         parked, cache = self.parked, self.prefix_cache
-        peek = None
+        peek, claimed = None, self._claimed(request)
         if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
             tokens = request.prompt_token_ids + request.output_token_ids
             limit = len(tokens) - 1  # the last token is computed: its logits give a sample
             space = request.cache_namespace
-            found = parked.best(space, tokens, max_length=limit, free=self._free_seq_ids)
+            free = [s for s in self._free_seq_ids if s not in claimed]
+            found = parked.best(space, tokens, max_length=limit, free=free)
             peek = cache.peek(space, tokens, max_length=limit)
             tiers = self.lower_tiers  # a longer saved prefix is restored into a free slot
             if found and tiers and tiers.match(space, tokens, max_length=limit, have=found[1]):
                 found = None  # (_reuse_prefix) rather than a shorter parked one continued
             if found is not None and found[1] >= (peek.length if peek else 0):
                 entry, kept = found
-                self._free_seq_ids.remove(entry.slot)
-                heapq.heapify(self._free_seq_ids)
                 cache.count_hit(kept, len(entry.tokens))
-                kv_ops.extend(self._unpark(SeqId(entry.slot), kept))
-                kv_ops.append(KvKeep(SeqId(entry.slot), kept, request))
-                return SeqId(entry.slot), kept
-        # NOTE: the lowest free slot keeps seq ids packed (gaps cost: docs/engine-notes.md)
-        seq_id = SeqId(heapq.heappop(self._free_seq_ids))
-        if parked and seq_id in parked:  # never evicting the entry the request will copy
-            kv_ops.extend([*self._unpark(seq_id, 0, peek.slot if peek else -1), KvFree(seq_id)])
-        return seq_id, 0
+                seq_id = self._take_slot(kv_ops, -1, claimed, entry.slot)
+                if seq_id != entry.slot:  # where it leaves no gap among the running slots
+                    kv_ops.append(KvMove(SeqId(entry.slot), seq_id, kept, request))
+                    return seq_id, kept
+                kv_ops.extend(self._unpark(seq_id, kept))
+                kv_ops.append(KvKeep(seq_id, kept, request))
+                return seq_id, kept
+        return self._take_slot(kv_ops, peek.slot if peek else -1, claimed), 0
+
+    def _claimed(self, request: Request) -> set[int]:
+        """Parked slots that a waiting request continues further than `request` would.
+        Taking one displaces a prefix about to be continued: its save to the host tier
+        lands after this step's admissions, so that request, admitted in the same step,
+        would find it in no tier (test_routing: a turn with 27 of 66 tokens cached)."""
+        parked, claimed = self.parked, set[int]()
+        if not parked:
+            return claimed
+        mine = request.prompt_token_ids + request.output_token_ids
+        waiting = (r for q in self.queues.values() for r in q if r is not request)
+        for other in itertools.islice(waiting, 2 * self.max_num_seqs):
+            if not other.use_prefix_cache or other.ticket_tokens:
+                continue
+            tokens = other.prompt_token_ids + other.output_token_ids
+            space, limit = other.cache_namespace, len(tokens) - 1
+            found = parked.best(space, tokens, max_length=limit, free=self._free_seq_ids)
+            if found and found[1] > common_prefix(found[0].tokens, mine, len(mine) - 1):
+                claimed.add(found[0].slot)
+        return claimed
+
+    def _take_slot(
+        self, kv_ops: list[KvOp], protected: int, claimed: set[int], parked_at: int = -1
+    ) -> SeqId:
+        """A free slot for a request: `parked_at` (its prefix is parked there) or the lowest,
+        unless another packs the running slots better (`packed_slot`; a gap costs every
+        step a pass: docs/engine-notes.md). Slots `claimed` by waiting requests only when no
+        other is free. Another prefix parked in it is saved or dropped, never evicting cache
+        entry `protected` (the one the request will copy)."""
+        free = self._free_seq_ids
+        usable = [s for s in free if s not in claimed or s == parked_at] or free
+        prefer = parked_at if parked_at >= 0 else min(usable)
+        running = {r.seq_id for r in self.running if r.seq_id is not None}
+        seq_id = SeqId(packed_slot(running, usable, prefer))
+        free.remove(seq_id)
+        heapq.heapify(free)
+        if seq_id != parked_at and self.parked and seq_id in self.parked:
+            kv_ops.extend([*self._unpark(seq_id, 0, protected), KvFree(seq_id)])
+        return seq_id
 
     def _unpark(self, seq_id: SeqId, kept: int, protected: int = -1) -> list[KvOp]:
         """Save `seq_id`'s parked prefix, of which `kept` tokens stay, if the rest is worth it."""

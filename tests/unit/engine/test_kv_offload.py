@@ -74,6 +74,24 @@ def test_no_hit_unless_longer_than_the_slot_match_and_cheaper() -> None:
     assert offload.stats.skipped == 1
 
 
+def test_an_entry_replaced_since_its_match_restores_from_the_one_that_covers_it() -> None:
+    """A longer save in the same step replaces the matched entry (`KvTierStore.put`); the
+    restore finds the new entry by the request's tokens instead of recomputing them."""
+    offload, backend = _offload()
+    backend.seqs[9] = 50
+    offload.on_evict(9, "t", list(range(50)))
+    offload.spill_pending()
+    hit = offload.match("t", list(range(60)), max_length=59, have=10)
+    assert hit is not None and hit.length == 50
+    backend.seqs[8] = 55
+    offload.save_parked(8, "t", list(range(55)))  # covers the matched entry: replaces it
+    assert offload.store.entry(hit.key) is None
+    assert not offload.restore(hit.key, 0, hit.length)  # by key alone: gone
+    assert offload.restore(hit.key, 0, hit.length, "t", list(range(60)))
+    assert backend.seqs[0] == 50 and offload.stats.restored_tokens == 50
+    assert not offload.restore(hit.key, 1, hit.length, "other", list(range(60)))
+
+
 def test_a_refused_blob_is_dropped_and_counted() -> None:
     offload, backend = _offload()
     backend.seqs[9] = 50

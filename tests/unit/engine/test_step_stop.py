@@ -10,8 +10,8 @@ import time
 
 from inferflux.engine.step_stop import MAX_INBOX_WAIT_S, arrival_at, can_stop, stop_check
 from inferflux.scheduler import Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.request import PriorityClass
-from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
 from tests.unit.scheduler.test_scheduler import complete, make_request
 

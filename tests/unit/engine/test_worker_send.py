@@ -28,8 +28,8 @@ from inferflux.engine.messages import (
     encode,
 )
 from inferflux.engine.worker import WorkerConfig, _WorkerLoop
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.request import PriorityClass
-from inferflux.scheduler.scheduler import SchedulingPolicy
 
 
 class FakeCore:

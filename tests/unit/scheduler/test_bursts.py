@@ -6,8 +6,8 @@ says so (pure logic: steps are described, not run; the clock is the test's)."""
 from __future__ import annotations
 
 from inferflux.scheduler import Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.request import PriorityClass, Request, SchedulerOutput
-from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
 from tests.unit.scheduler.test_priorities import NORMAL, ManualClock, req
 from tests.unit.scheduler.test_scheduler import complete

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inferflux.scheduler import Request, RequestId, Scheduler
-from inferflux.scheduler.scheduler import SchedulingPolicy
+from inferflux.scheduler.policy import SchedulingPolicy
 
 
 class FakeProposer:

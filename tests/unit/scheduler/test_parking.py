@@ -8,9 +8,9 @@ import random
 
 from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
 from inferflux.scheduler.lower_tiers import LowerTierHit
-from inferflux.scheduler.parking import ParkedSlots, common_prefix
+from inferflux.scheduler.parking import ParkedSlots, common_prefix, packed_slot
 from inferflux.scheduler.prefix_cache import PrefixCache
-from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvRestore, KvSave
+from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvMove, KvRestore, KvSave
 
 CACHE_SLOTS = [2, 3]
 
@@ -231,3 +231,76 @@ def test_a_longer_saved_prefix_beats_a_shorter_parked_one() -> None:
     restore = [op for op in out.kv_ops if isinstance(op, KvRestore)]
     assert restore and restore[0].n_tokens == len(SYSTEM) + 10
     assert out.chunks[0].start_pos == len(SYSTEM) + 10
+
+
+def test_a_request_runs_where_the_running_slots_stay_in_one_run() -> None:
+    assert packed_slot(set(), [0, 1, 2], prefer=0) == 0
+    assert packed_slot(set(), [0, 1, 2], prefer=2) == 2  # nothing runs: in place
+    assert packed_slot({0}, [1, 2, 3], prefer=3) == 1  # parked at 3: moved next to 0
+    assert packed_slot({1, 2}, [0, 3, 4], prefer=3) == 3  # parked next to the run: in place
+    assert packed_slot({3, 4}, [0, 1, 2, 5], prefer=0) == 2  # the lowest would split them
+    assert packed_slot({0, 2}, [1, 3], prefer=3) == 1  # filling the hole joins the runs
+    assert packed_slot({0, 5}, [1, 2, 3, 4, 6], prefer=3) == 1  # 2 runs at best: lowest
+
+
+def test_a_parked_prefix_that_would_leave_a_gap_moves_next_to_the_running_slot() -> None:
+    """A stream runs in slot 0, and a conversation's turn is parked in slot 2: its next
+    turn is serialized into slot 1 (`KvMove`) rather than continued in place beside a
+    gap, which would cost every step a second pass over the weights. Slot 2 keeps it."""
+    sched = scheduler(seqs=3)
+    stream = Request(RequestId("s"), prompt_token_ids=[1, 2, 3], max_tokens=50)
+    for r in (stream, request("o", [5, 6, 7, 8, 9]), request("a", SYSTEM + [1, 2])):
+        sched.add(r)
+    while not sched.running or len(sched.running) > 1:  # o, a finish; s decodes on
+        for chunk in sched.schedule().chunks:
+            chunk.request.num_computed_tokens += len(chunk.token_ids)
+            if chunk.sample:
+                chunk.request.output_token_ids.append(99)
+        for r in [r for r in sched.running if r is not stream and len(r.output_token_ids) == 3]:
+            sched.finish(r.request_id, cache=True)
+    assert stream.seq_id == 0
+    history = SYSTEM + [1, 2, 99, 99]
+    b = request("b", history + [99, 4])
+    sched.add(b)
+    out = sched.schedule()
+    assert [op for op in out.kv_ops if isinstance(op, KvMove)] == [
+        KvMove(SeqId(2), SeqId(1), len(history), b)
+    ]
+    assert not any(isinstance(op, KvKeep) for op in out.kv_ops)
+    assert b.seq_id == 1 and b.num_cached_tokens == len(history)
+    (chunk,) = [c for c in out.chunks if c.request is b]
+    assert chunk.start_pos == len(history)
+    assert sched.parked is not None and [p.slot for p in sched.parked.entries()] == [2]
+
+
+def test_a_fresh_request_runs_next_to_the_running_slots_not_in_the_lowest() -> None:
+    sched = scheduler(park=False, seqs=5)
+    for i in range(4):
+        sched.add(Request(RequestId(f"r{i}"), prompt_token_ids=[i, 1], max_tokens=50))
+    sched.schedule()  # slots 0-3
+    sched.finish(RequestId("r0"))
+    sched.finish(RequestId("r1"))  # 2 and 3 run; 0, 1 and 4 are free
+    late = request("late", [7, 7, 7])
+    sched.add(late)
+    sched.schedule()
+    assert late.seq_id == 1  # the lowest free slot, 0, would leave a gap before 2
+
+
+def test_a_parked_slot_a_waiting_request_continues_further_is_left_to_it() -> None:
+    """A prompt that shares only the system prompt, admitted in the same step as the next
+    turn of the conversation parked in slot 0, does not take slot 0: the turn's tokens
+    saved from it would reach the host tier only after this step's admissions, so the
+    turn would find them nowhere and compute them again."""
+    sched = scheduler(seqs=3)
+    sched.lower_tiers = FakeLowerTiers()
+    sched.add(request("a", SYSTEM + [1, 2, 3]))
+    run_to_end(sched, "a")
+    history = SYSTEM + [1, 2, 3, 99, 99]
+    noise, turn = request("n", SYSTEM + [7, 7]), request("a2", history + [99, 5])
+    sched.add(noise)  # first in the queue
+    sched.add(turn)
+    out = sched.schedule()
+    assert KvKeep(SeqId(0), len(history), turn) in out.kv_ops
+    assert not any(isinstance(op, KvSave) for op in out.kv_ops)
+    assert turn.seq_id == 0 and turn.num_cached_tokens == len(history)
+    assert noise.seq_id == 1 and noise.num_cached_tokens == 0

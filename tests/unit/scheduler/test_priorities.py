@@ -7,9 +7,9 @@ after every step.
 from __future__ import annotations
 
 from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import KvCopy, KvFree, PriorityClass
-from inferflux.scheduler.scheduler import SchedulingPolicy
 
 HIGH, NORMAL, LOW = PriorityClass.HIGH, PriorityClass.NORMAL, PriorityClass.LOW
 

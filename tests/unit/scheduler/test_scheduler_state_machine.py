@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from inferflux.scheduler import Request, RequestId, RequestStatus, Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
-from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvOp, PriorityClass
-from inferflux.scheduler.scheduler import SchedulingPolicy
+from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvMove, KvOp, PriorityClass
 
 MAX_SEQS = 3
 CACHE_SLOTS = [3, 4]
@@ -139,7 +139,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert 0 < op.n_tokens <= len(self.kv.get(op.seq_id, []))
                 self.kv[op.seq_id] = self.kv[op.seq_id][: op.n_tokens]
             else:
-                assert isinstance(op, KvCopy)
+                assert isinstance(op, KvCopy | KvMove)
+                assert not isinstance(op, KvMove) or self.park
                 assert op.src in valid and op.dst in valid and op.src != op.dst
                 assert 0 < op.n_tokens <= len(self.kv.get(op.src, []))
                 self.kv[op.dst] = self.kv[op.src][: op.n_tokens]

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferflux.scheduler import RequestId, Scheduler
+from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.request import PriorityClass, Request
-from inferflux.scheduler.scheduler import SchedulingPolicy
 from inferflux.scheduler.step_cost import StepCostModel
 from tests.unit.scheduler.test_scheduler import complete, make_request
 
