@@ -503,13 +503,10 @@ class EngineCore:
     def _move_kv(self, op: KvMove) -> bool:
         """Serialize the prefix parked in `op.src` into `op.dst` (cut to `op.n_tokens`):
         costs what its tokens hold, where a copy across KV streams moves every cell."""
-        if self.backend.load_seq(op.dst, self.backend.save_seq(op.src), op.n_tokens):
-            return True
-        logger.warning(
-            "moving the parked prefix of %s failed; computing its prompt instead",
-            op.request.request_id,
-        )
-        return False
+        moved = self.backend.load_seq(op.dst, self.backend.save_seq(op.src), op.n_tokens)
+        if not moved:
+            logger.warning("moving the parked prefix of %s failed", op.request.request_id)
+        return moved
 
     def _copy_kv(self, op: KvCopy) -> bool:
         """A prefix-cache copy (a hit's, or an insert's); a refused one drops its entry."""
