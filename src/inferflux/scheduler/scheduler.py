@@ -109,6 +109,10 @@ _MIN_PROMPT_CHUNK = 16
 # drained too fast (ITL p99 282 ms at 8 streams), 32 kept it at 121 ms (engine, measured).
 _DRAIN_STEPS = 32
 _TIMEOUT_SCAN_S = 0.1
+# The waiting requests whose parked prefixes an admission leaves alone (`_claimed`): the
+# ones admitted in the same step are the first few; scanning more costs every admission
+# a prefix comparison per parked slot each.
+_CLAIM_SCAN = 8
 # A HIGH-class arrival within this many seconds caps the other prompts' chunks
 # (`high_traffic_chunk_tokens`).
 _HIGH_TRAFFIC_S = 30.0
@@ -595,7 +599,7 @@ class Scheduler:
             return claimed
         mine = request.prompt_token_ids + request.output_token_ids
         waiting = (r for q in self.queues.values() for r in q if r is not request)
-        for other in itertools.islice(waiting, 2 * self.max_num_seqs):
+        for other in itertools.islice(waiting, _CLAIM_SCAN):
             if not other.use_prefix_cache or other.ticket_tokens:
                 continue
             tokens = other.prompt_token_ids + other.output_token_ids
