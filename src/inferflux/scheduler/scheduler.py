@@ -566,9 +566,9 @@ class Scheduler:
     def _slot_for(self, request: Request, kv_ops: list[KvOp]) -> tuple[SeqId, int]:
         """The request's slot, and how many of its leading tokens that slot holds already."""
         parked, cache = self.parked, self.prefix_cache
-        peek, claimed = None, self._claimed(request)
+        tokens = request.prompt_token_ids + request.output_token_ids
+        peek, claimed = None, self._claimed(request, tokens)
         if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
-            tokens = request.prompt_token_ids + request.output_token_ids
             limit = len(tokens) - 1  # the last token is computed: its logits give a sample
             space = request.cache_namespace
             free = [s for s in self._free_seq_ids if s not in claimed]
@@ -589,15 +589,15 @@ class Scheduler:
                 return seq_id, kept
         return self._take_slot(kv_ops, peek.slot if peek else -1, claimed), 0
 
-    def _claimed(self, request: Request) -> set[int]:
-        """Parked slots that a waiting request continues further than `request` would.
-        Taking one displaces a prefix about to be continued: its save to the host tier
-        lands after this step's admissions, so that request, admitted in the same step,
-        would find it in no tier (test_routing: a turn with 27 of 66 tokens cached)."""
+    def _claimed(self, request: Request, mine: list[int]) -> set[int]:
+        """Parked slots that a waiting request continues further than `request` (whose
+        tokens are `mine`) would. Taking one displaces a prefix about to be continued:
+        its save to the host tier lands after this step's admissions, so that request,
+        admitted in the same step, would find it in no tier (test_routing: a turn with 27
+        of 66 tokens cached)."""
         parked, claimed = self.parked, set[int]()
         if not parked:
             return claimed
-        mine = request.prompt_token_ids + request.output_token_ids
         waiting = (r for q in self.queues.values() for r in q if r is not request)
         for other in itertools.islice(waiting, _CLAIM_SCAN):
             if not other.use_prefix_cache or other.ticket_tokens:
