@@ -6,9 +6,10 @@ For every prompt of a `bench/speculative.py` workload, in process (no server):
 2. at every output position, how many of the coming tokens a drafter could have copied:
    - `ngram`: InferFlux's drafter (`NgramIndex`, its proposal at that position), up to its
      first wrong token;
-   - `any`: the longest run of the coming tokens that occurs anywhere in prompt + output
-     so far: what the best prompt-lookup drafter (llama-server's lookup modes included)
-     could propose correctly;
+   - `any`: the longest run of the coming tokens that a copy from anywhere in prompt +
+     output so far gives (running on into what it copies, as a repeat does): what the
+     best prompt-lookup drafter (llama-server's lookup modes included) could propose
+     correctly;
 3. an oracle that knows those runs and the measured cost of a 1..K+1-row step at this
    context (`bench/verify_rows.py`'s measurement, sawtooth and all) picks every step's
    draft length to finish the output in the least time (dynamic programming; it may pad
@@ -109,23 +110,22 @@ def ngram_runs(prompt: list[int], output: list[int], k: int) -> list[int]:
 
 
 def copy_runs(prompt: list[int], output: list[int], k: int) -> list[int]:
-    """At every output position t: the longest run (at most `k`) of output[t:] that occurs
-    in prompt + output[:t], the copy ending inside that context."""
+    """At every output position t: the longest run (at most `k`) of output[t:] that a copy
+    starting inside prompt + output[:t] gives. A copy may run on into the tokens it
+    produces (a repeat of period p copies from p tokens back), as NgramIndex's drafts
+    do since the seventeenth session."""
     runs = []
+    whole = prompt + output
     for t in range(len(output)):
-        context = prompt + output[:t]
+        size = len(prompt) + t
         coming = output[t : t + k]
         best = 0
         first = coming[0] if coming else None
-        for start in range(len(context)):
-            if context[start] != first:
+        for start in range(size):
+            if whole[start] != first:
                 continue
             run = 1
-            while (
-                run < len(coming)
-                and start + run < len(context)
-                and context[start + run] == coming[run]
-            ):
+            while run < len(coming) and whole[start + run] == coming[run]:
                 run += 1
             best = max(best, run)
         runs.append(best)

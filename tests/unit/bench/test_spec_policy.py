@@ -63,3 +63,14 @@ def test_a_declined_lookup_is_counted_with_whether_its_first_token_held() -> Non
     # the lookups it turned down, by match length: [first token held, tries]
     assert sum(c[0] for c in declined.values()) == 1  # "1 2" -> 3
     assert sum(c[1] for c in declined.values()) == 2  # and "1 2 3" -> 1, not 8
+
+
+def test_the_copy_bound_counts_a_copy_that_runs_on_into_a_repeat() -> None:
+    spec_bound = importlib.import_module("spec_bound")
+    prompt = [9, 1, 2, 3]
+    output = [1, 2, 3, 1, 2, 3, 1, 2, 7]  # (1, 2, 3) repeated: a copy from 3 tokens back
+    runs = spec_bound.copy_runs(prompt, output, 32)
+    assert runs[0] == 8  # from the prompt's (1, 2, 3) on through the output's repeat
+    assert runs[3] == 5 and runs[8] == 0
+    # what the drafter proposes at each position gets as far as the repeat goes
+    assert spec_bound.ngram_runs(prompt, output, 32)[4] == 4

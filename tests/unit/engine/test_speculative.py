@@ -41,12 +41,13 @@ def test_a_draft_continues_an_earlier_occurrence_of_the_suffix(tokens, k) -> Non
     draft = propose_ngram(tokens, k)
     assert len(draft) <= k
     if draft:
-        text = tokens
+        assert len(draft) == k  # a copy that reaches the present goes on as a repeat
+        text = tokens + draft  # the copy may run on into the draft itself
         starts = [
             e + 1
             for n in range(2, 5)
-            for e in range(n - 1, len(text) - 1)
-            if text[e - n + 1 : e + 1] == text[len(text) - n :]
+            for e in range(n - 1, len(tokens) - 1)
+            if text[e - n + 1 : e + 1] == tokens[len(tokens) - n :]
         ]
         assert any(text[s : s + len(draft)] == draft for s in starts)
 
@@ -58,6 +59,27 @@ def test_the_longest_and_most_recent_match_wins() -> None:
     index.extend(tokens)
     assert index.propose(2) == [8, 5]
     assert propose_ngram([4, 5, 6], 3) == []  # nothing repeats
+
+
+def test_the_occurrence_whose_context_matches_furthest_back_wins() -> None:
+    # (1, 2, 3, 4) ends at 5 after (5, 6) and at 11 after (9, 8); the list ends in
+    # (5, 6, 1, 2, 3, 4): the older occurrence is the passage being copied
+    tokens = [5, 6, 1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 0, 5, 6, 1, 2, 3, 4]
+    index = NgramIndex()
+    index.extend(tokens)
+    assert index.propose_matched(3) == ([9, 8, 1], 6)
+    assert propose_ngram(tokens, 3) == [9, 8, 1]
+    assert propose_ngram(tokens[6:], 3) == [7, 0, 5]  # one occurrence: the latest
+
+
+def test_a_copy_that_reaches_the_present_goes_on_as_a_repeat() -> None:
+    loop = [7, 1, 2, 3, 1, 2, 3, 1]  # repeating (1, 2, 3): (1, 2, 3, 1) last ended 3 back
+    index = NgramIndex()
+    index.extend(loop)
+    assert index.propose(7) == [2, 3, 1, 2, 3, 1, 2] == propose_ngram(loop, 7)
+    assert index.propose_matched(2) == ([2, 3], 4)  # within one round: the plain copy
+    # the draft a copy of llama.cpp's ngram-mod chaining would make on the same loop
+    assert propose_ngram([5, 6, 5, 6], 5) == [5, 6, 5, 6, 5]
 
 
 def _law(p: np.ndarray, q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
