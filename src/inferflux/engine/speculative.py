@@ -212,7 +212,7 @@ def _continue(tokens: Sequence[int], end: int, k: int) -> list[int]:
     spec_paired.py gets: chat 1.32 -> 2.74× decode speed of speculation off, edit
     1.19 -> 1.73, quote 1.88 -> 2.44; docs/speculative.md)."""
     draft = list(tokens[end + 1 : end + 1 + k])
-    if len(draft) < k:
+    if 0 < len(draft) < k:
         period = len(draft)  # the rest of `tokens`: one round of the repeat
         draft = [draft[i % period] for i in range(k)]
     return draft
