@@ -566,7 +566,8 @@ class Scheduler:
     def _slot_for(self, request: Request, kv_ops: list[KvOp]) -> tuple[SeqId, int]:
         """The request's slot, and how many of its leading tokens that slot holds already."""
         parked, cache = self.parked, self.prefix_cache
-        tokens = request.prompt_token_ids + request.output_token_ids
+        # the request's tokens only matter where a prefix can be parked
+        tokens = request.prompt_token_ids + request.output_token_ids if parked else []
         peek, claimed = None, self._claimed(request, tokens)
         if parked and cache is not None and request.use_prefix_cache and not request.ticket_tokens:
             limit = len(tokens) - 1  # the last token is computed: its logits give a sample
