@@ -28,8 +28,16 @@ control does not count, so the scheduler parks only with per-sequence KV.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+import itertools
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
+
+from inferflux.scheduler.request import Request, RequestId
+
+# The waiting requests whose parked prefixes an admission leaves alone (`ClaimScan`): the
+# ones admitted in the same step are the first few; scanning more costs every admission
+# a prefix comparison per parked slot each.
+CLAIM_SCAN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,7 @@ class ParkedSlots:
         """`min_match`: a shorter common prefix is not worth continuing."""
         self.min_match = max(1, min_match)
         self._held: dict[int, Parked] = {}
+        self.version = 0  # counts `park` calls: a prefix parked since a lookup is new to it
 
     def __len__(self) -> int:
         return len(self._held)
@@ -64,6 +73,7 @@ class ParkedSlots:
         if len(tokens) < self.min_match:
             return False
         self._held[slot] = Parked(slot, namespace, list(tokens))
+        self.version += 1
         return True
 
     def best(
@@ -82,6 +92,10 @@ class ParkedSlots:
                 found = (entry, n)
         return found
 
+    def holds(self, entry: Parked) -> bool:
+        """Whether `entry` is still parked (its slot not taken nor parked again since)."""
+        return self._held.get(entry.slot) is entry
+
     def take(self, slot: int) -> Parked | None:
         """Forget `slot`'s parked prefix (its slot is being used); returns it."""
         return self._held.pop(slot, None)
@@ -96,17 +110,75 @@ class ParkedSlots:
         return slots
 
 
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading tokens `a` and `b` share, at most `limit`. Compares slices by
-    halves (C-speed list equality) rather than token by token in Python: a 4,000-token
-    conversation takes a dozen slice comparisons."""
-    hi = min(len(a), len(b), limit)
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0  # a[:lo] == b[:lo] holds; a[:hi] != b[:hi]
-    while hi - lo > 1:
+class ClaimScan:
+    """Parked slots that a waiting request continues further than the request being
+    admitted would (`claimed`). Taking one displaces a prefix about to be continued: its
+    save to the host tier lands after the step's admissions, so that waiting request,
+    admitted in the same step, would find it in no tier (test_routing: a turn with 27 of
+    66 tokens cached).
+
+    One scan per planned step (`Scheduler.schedule` makes a new one): each of the first
+    `CLAIM_SCAN` waiting requests gets its token list and its best parked prefix once, and
+    the lookup is made again only where that prefix was taken or a prefix was parked
+    since. Why: every admission of a step asked the same questions again, and at 256
+    sequences the admissions were 65% of the scheduler's time, half of it here
+    (bench/scheduler_cost.py, BENCHMARKS.md)."""
+
+    def __init__(self, parked: ParkedSlots) -> None:
+        self.parked = parked
+        # request id → (its tokens, its best parked prefix or None, its length, the
+        # ParkedSlots.version it was looked up at)
+        self._seen: dict[RequestId, tuple[list[int], Parked | None, int, int]] = {}
+
+    def claimed(self, mine: list[int], waiting: Iterator[Request], free: list[int]) -> set[int]:
+        """The parked slots among `free` that one of the first `CLAIM_SCAN` of `waiting`
+        (excluding the request whose tokens are `mine`) continues further than `mine`."""
+        claimed = set[int]()
+        for other in itertools.islice(waiting, CLAIM_SCAN):
+            if not other.use_prefix_cache or other.ticket_tokens:
+                continue
+            found, length = self._best(other, free)
+            if found and length > common_prefix(found.tokens, mine, len(mine) - 1):
+                claimed.add(found.slot)
+        return claimed
+
+    def _best(self, request: Request, free: list[int]) -> tuple[Parked | None, int]:
+        parked = self.parked
+        seen = self._seen.get(request.request_id)
+        if seen is not None:
+            tokens, entry, length, version = seen
+            # still the best: nothing parked since, and its prefix still where it was
+            if version == parked.version and (entry is None or parked.holds(entry)):
+                return entry, length
+        else:
+            tokens = request.prompt_token_ids + request.output_token_ids
+        space, limit = request.cache_namespace, len(tokens) - 1
+        found = parked.best(space, tokens, max_length=limit, free=free)
+        entry, length = found if found is not None else (None, 0)
+        self._seen[request.request_id] = (tokens, entry, length, parked.version)
+        return entry, length
+
+
+def common_prefix(a: list[int], b: list[int], limit: int, offset: int = 0) -> int:
+    """How many leading tokens `a` and `b[offset:]` share, at most `limit`. Compares
+    slices (C-speed list equality) rather than token by token in Python: chunks of
+    doubling size from the start while they match, then halves of the chunk that does
+    not. So the cost follows the shared length, not the lists' (a parked 2,000-token
+    conversation that shares only a 200-token system prompt with a prompt: 4 chunks and
+    5 halvings, where comparing the whole lists first copied all 2,000 twice)."""
+    hi = min(len(a), len(b) - offset, limit)
+    lo, size = 0, 32
+    while lo < hi:
+        end = min(lo + size, hi)
+        if a[lo:end] != b[offset + lo : offset + end]:
+            hi = end
+            break
+        lo, size = end, size * 2
+    else:
+        return max(hi, 0)
+    while hi - lo > 1:  # a[:lo] == b[offset:offset + lo]; a[lo:hi] differs
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if a[lo:mid] == b[offset + lo : offset + mid]:
             lo = mid
         else:
             hi = mid

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from inferflux.scheduler.parking import common_prefix
+
 
 @dataclass(slots=True, eq=False)
 class _Node:
@@ -217,7 +219,12 @@ class PrefixCache:
         """A slot of `namespace` whose whole sequence is a prefix of `tokens`."""
         for slot, entry in self._entries.items():
             n = len(entry.tokens)
-            if entry.namespace == namespace and n <= len(tokens) and tokens[:n] == entry.tokens:
+            if (
+                entry.namespace == namespace
+                and n <= len(tokens)
+                and entry.tokens[n - 1] == tokens[n - 1]  # cheap: most entries differ there
+                and tokens[:n] == entry.tokens
+            ):
                 return slot
         return None
 
@@ -355,10 +362,8 @@ class PrefixCache:
 
 
 def _common_length(edge: list[int], tokens: list[int], start: int, limit: int) -> int:
-    n = 0
-    while n < len(edge) and start + n < limit and edge[n] == tokens[start + n]:
-        n += 1
-    return n
+    """How many of `edge` equal `tokens[start:limit]`'s first ones (C-speed slices)."""
+    return common_prefix(edge, tokens, limit - start, start)
 
 
 def _split(parent: _Node, child: _Node, n: int) -> _Node:

@@ -69,7 +69,6 @@ Parked slots (`park`): a finished request's KV stays in its slot (scheduler/park
 from __future__ import annotations
 
 import heapq
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -77,7 +76,7 @@ from dataclasses import dataclass
 
 from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
-from inferflux.scheduler.parking import ParkedSlots, common_prefix, packed_slot
+from inferflux.scheduler.parking import ClaimScan, ParkedSlots, packed_slot
 from inferflux.scheduler.policy import FairnessCounters, SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
@@ -109,10 +108,6 @@ _MIN_PROMPT_CHUNK = 16
 # drained too fast (ITL p99 282 ms at 8 streams), 32 kept it at 121 ms (engine, measured).
 _DRAIN_STEPS = 32
 _TIMEOUT_SCAN_S = 0.1
-# The waiting requests whose parked prefixes an admission leaves alone (`_claimed`): the
-# ones admitted in the same step are the first few; scanning more costs every admission
-# a prefix comparison per parked slot each.
-_CLAIM_SCAN = 8
 # A HIGH-class arrival within this many seconds caps the other prompts' chunks
 # (`high_traffic_chunk_tokens`).
 _HIGH_TRAFFIC_S = 30.0
@@ -189,6 +184,7 @@ class Scheduler:
         # whole (EngineCore does not stop it), so they decode at least every other step
         self.after_aside = False
         self._burst_since: float | None = None  # when the streams began to stand aside
+        self._claims: ClaimScan | None = None  # this step's lookups (parking.py ClaimScan)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -283,6 +279,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks (see the module docstring). Admits waiting requests."""
         now = self.clock()
+        self._claims = None  # a new step: the waiting requests' lookups start afresh
         timed_out = self._expire(now)
         wait_s = self._window_wait(now)
         if wait_s > 0:
@@ -348,11 +345,19 @@ class Scheduler:
     def _decode_rows(
         self, requests: list[Request], chunks: list[ScheduledChunk], budget: int
     ) -> int:
-        """One-token chunks of `requests` while the budget lasts; returns what is left."""
+        """One-token chunks of `requests` while the budget lasts; returns what is left.
+        A request whose only token without KV is its latest sampled one (every decoding
+        request, almost always) gets its chunk directly: at 256 sequences the general
+        `_chunk` was a fifth of the scheduler's time (bench/scheduler_cost.py)."""
         for request in requests:
             if budget <= 0:
                 break
-            chunks.append(self._chunk(request, 1))
+            out, seq_id = request.output_token_ids, request.seq_id
+            start = request.num_computed_tokens
+            if out and seq_id is not None and start == len(request.prompt_token_ids) + len(out) - 1:
+                chunks.append(ScheduledChunk(request, seq_id, [out[-1]], start, True))
+            else:
+                chunks.append(self._chunk(request, 1))
             budget -= 1
         return budget
 
@@ -591,24 +596,14 @@ class Scheduler:
         return self._take_slot(kv_ops, peek.slot if peek else -1, claimed), 0
 
     def _claimed(self, request: Request, mine: list[int]) -> set[int]:
-        """Parked slots that a waiting request continues further than `request` (whose
-        tokens are `mine`) would. Taking one displaces a prefix about to be continued:
-        its save to the host tier lands after this step's admissions, so that request,
-        admitted in the same step, would find it in no tier (test_routing: a turn with 27
-        of 66 tokens cached)."""
-        parked, claimed = self.parked, set[int]()
-        if not parked:
-            return claimed
+        """Parked slots a waiting request continues further than `request` (its tokens
+        `mine`): left to it (parking.py `ClaimScan`)."""
+        if not self.parked:
+            return set()
+        if self._claims is None:  # this step's first admission with a prefix parked
+            self._claims = ClaimScan(self.parked)
         waiting = (r for q in self.queues.values() for r in q if r is not request)
-        for other in itertools.islice(waiting, _CLAIM_SCAN):
-            if not other.use_prefix_cache or other.ticket_tokens:
-                continue
-            tokens = other.prompt_token_ids + other.output_token_ids
-            space, limit = other.cache_namespace, len(tokens) - 1
-            found = parked.best(space, tokens, max_length=limit, free=self._free_seq_ids)
-            if found and found[1] > common_prefix(found[0].tokens, mine, len(mine) - 1):
-                claimed.add(found[0].slot)
-        return claimed
+        return self._claims.claimed(mine, waiting, self._free_seq_ids)
 
     def _take_slot(
         self, kv_ops: list[KvOp], protected: int, claimed: set[int], parked_at: int = -1

@@ -8,7 +8,13 @@ import random
 
 from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
 from inferflux.scheduler.lower_tiers import LowerTierHit
-from inferflux.scheduler.parking import ParkedSlots, common_prefix, packed_slot
+from inferflux.scheduler.parking import (
+    CLAIM_SCAN,
+    ClaimScan,
+    ParkedSlots,
+    common_prefix,
+    packed_slot,
+)
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import KvCopy, KvFree, KvKeep, KvMove, KvRestore, KvSave
 
@@ -61,6 +67,72 @@ def test_common_prefix_matches_a_token_by_token_count() -> None:
         while expected < min(len(a), len(b), limit) and a[expected] == b[expected]:
             expected += 1
         assert common_prefix(a, b, limit) == expected
+
+
+def test_common_prefix_of_long_lists_and_from_an_offset_matches_a_token_by_token_count() -> None:
+    """The galloping chunks (32, 64, 128, ... tokens) and the halvings after them, over
+    lists long enough to take several chunks, and the offset form the prefix cache's trie
+    uses (`a` against `b[offset:]`)."""
+    rng = random.Random(11)
+    for _ in range(300):
+        n = rng.randint(0, 3000)
+        a = [rng.randint(0, 2) for _ in range(n)]
+        b = a[: rng.randint(0, n)] + [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
+        offset = rng.randint(0, 50)
+        b = [7] * offset + b
+        limit = rng.randint(0, 3200)
+        expected = 0
+        while (
+            expected < min(len(a), len(b) - offset, limit) and a[expected] == b[offset + expected]
+        ):
+            expected += 1
+        assert common_prefix(a, b, limit, offset) == expected
+    assert common_prefix([1, 2], [1], 5, offset=3) == 0  # an offset past the end
+
+
+def _claims_by_hand(
+    parked: ParkedSlots, mine: list[int], waiting: list[Request], free: list[int]
+) -> set[int]:
+    """What `ClaimScan.claimed` answers, looked up afresh every time."""
+    claimed = set()
+    for other in waiting[:CLAIM_SCAN]:
+        tokens = other.prompt_token_ids + other.output_token_ids
+        found = parked.best(other.cache_namespace, tokens, max_length=len(tokens) - 1, free=free)
+        if found and found[1] > common_prefix(found[0].tokens, mine, len(mine) - 1):
+            claimed.add(found[0].slot)
+    return claimed
+
+
+def test_a_claim_scan_answers_as_a_fresh_lookup_while_slots_are_taken_and_parked() -> None:
+    """One `ClaimScan` per step keeps each waiting request's lookup; it must answer what a
+    fresh lookup would after prefixes are taken (admissions) and parked (finishes)."""
+    rng = random.Random(3)
+    for _ in range(200):
+        parked = ParkedSlots(min_match=3)
+        free = list(range(8))
+        conversations = [
+            SYSTEM + [rng.randint(0, 5) for _ in range(rng.randint(0, 12))] for _ in range(6)
+        ]
+        for slot in free:
+            if rng.random() < 0.7:
+                parked.park(slot, "", rng.choice(conversations)[: rng.randint(3, 32)])
+        waiting = [
+            request(f"w{i}", rng.choice(conversations) + [rng.randint(0, 5)]) for i in range(10)
+        ]
+        scan = ClaimScan(parked)
+        for _ in range(6):
+            mine = rng.choice(conversations) + [9]
+            assert scan.claimed(mine, iter(waiting), free) == _claims_by_hand(
+                parked, mine, waiting, free
+            )
+            if rng.random() < 0.5 and free:  # an admission takes a slot (and what it held)
+                slot = rng.choice(free)
+                free.remove(slot)
+                parked.take(slot)
+            else:  # a finish parks a prefix in a free slot
+                slot = rng.choice(free) if free else None
+                if slot is not None:
+                    parked.park(slot, "", rng.choice(conversations)[: rng.randint(3, 32)])
 
 
 def test_the_furthest_continuation_wins_and_ties_go_to_the_lowest_slot() -> None:

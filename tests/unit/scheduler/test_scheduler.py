@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from inferflux.scheduler import (
     Request,
     RequestId,
@@ -134,3 +136,26 @@ def test_duplicate_request_ids_are_refused() -> None:
         assert "duplicate" in str(exc)
     else:
         raise AssertionError("duplicate id accepted")
+
+
+def test_a_decoding_request_gets_the_chunk_the_general_path_would_make() -> None:
+    """`_decode_rows` builds a decoding request's one-token chunk directly (its latest
+    sampled token, sample=True); it must equal `Scheduler._chunk(request, 1)` in every
+    state a run passes through: prompts chunked over steps, decodes, finishes, reuse."""
+    rng = random.Random(5)
+    sched = Scheduler(max_num_seqs=4, max_batch_tokens=12, kv_capacity=None)
+    made = 0
+    for _ in range(300):
+        while sched.num_waiting < 2:
+            made += 1
+            sched.add(make_request(f"r{made}", rng.randint(1, 20), rng.randint(1, 6)))
+        out = sched.schedule()
+        for chunk in out.chunks:
+            if len(chunk.token_ids) == 1 and chunk.sample:
+                assert chunk == Scheduler._chunk(chunk.request, 1)
+        complete(out, next_token=rng.randint(0, 50))
+        for chunk in out.chunks:
+            request = chunk.request
+            if len(request.output_token_ids) >= request.max_tokens:
+                sched.finish(request.request_id)
+    assert made > 50  # requests came and went
