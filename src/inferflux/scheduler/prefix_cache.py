@@ -108,6 +108,7 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
         self._roots: dict[str, _Node] = {}
         self._entries: dict[int, _Entry] = {}
+        self._num_tokens = 0  # of every entry (kept by _add/_remove: read at every insert)
         self._clock = 0
 
     # -- queries -------------------------------------------------------------------
@@ -117,7 +118,7 @@ class PrefixCache:
 
     @property
     def cached_tokens(self) -> int:
-        return sum(len(e.tokens) for e in self._entries.values())
+        return self._num_tokens
 
     def entries(self) -> list[tuple[int, str, list[int]]]:
         """(slot, namespace, token ids) of every entry, least recently used first."""
@@ -162,7 +163,7 @@ class PrefixCache:
     def _longest(self, namespace: str, tokens: list[int], max_length: int) -> Match | None:
         node = self._roots.get(namespace)
         matched = 0
-        best: Match | None = None
+        deepest: _Node | None = None  # the last node the tokens reach into
         limit = min(len(tokens), max_length)
         while node is not None and matched < limit:
             child = node.children.get(tokens[matched])
@@ -170,11 +171,13 @@ class PrefixCache:
                 break
             n = _common_length(child.tokens, tokens, matched, limit)
             matched += n
-            best = Match(self._most_recent(child.slots), matched)
+            deepest = child
             if n < len(child.tokens):
                 break
             node = child
-        return best
+        # the most recent entry only where it is asked: a node near the root (a shared
+        # system prompt) holds every entry
+        return None if deepest is None else Match(self._most_recent(deepest.slots), matched)
 
     def _most_recent(self, slots: set[int]) -> int:
         return max(slots, key=lambda s: self._entries[s].last_used)
@@ -282,6 +285,7 @@ class PrefixCache:
 
     def _add(self, slot: int, namespace: str, tokens: list[int]) -> None:
         self._clock += 1
+        self._num_tokens += len(tokens)
         self._entries[slot] = _Entry(namespace, list(tokens), self._clock)
         node = self._roots.setdefault(namespace, _Node(tokens=[]))
         i = 0
@@ -300,6 +304,7 @@ class PrefixCache:
 
     def _remove(self, slot: int) -> None:
         entry = self._entries.pop(slot)
+        self._num_tokens -= len(entry.tokens)
         root = self._roots[entry.namespace]
         path: list[tuple[_Node, _Node]] = []
         node, i = root, 0

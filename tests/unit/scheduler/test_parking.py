@@ -376,3 +376,23 @@ def test_a_parked_slot_a_waiting_request_continues_further_is_left_to_it() -> No
     assert not any(isinstance(op, KvSave) for op in out.kv_ops)
     assert turn.seq_id == 0 and turn.num_cached_tokens == len(history)
     assert noise.seq_id == 1 and noise.num_cached_tokens == 0
+
+
+def test_packed_slot_picks_what_counting_every_run_would() -> None:
+    """`packed_slot` ranks candidates by the runs a slot adds (O(1)); counting the runs of
+    the whole running set with each candidate must rank them the same."""
+
+    def runs(slots: set[int]) -> int:
+        return sum(1 for s in slots if s - 1 not in slots)
+
+    rng = random.Random(13)
+    for _ in range(500):
+        slots = list(range(rng.randint(1, 24)))
+        running = {s for s in slots if rng.random() < 0.5}
+        free = [s for s in slots if s not in running]
+        if not free:
+            continue
+        prefer = rng.choice(free) if rng.random() < 0.5 else min(free)
+        candidates = {prefer, min(free)} | {s for s in free if s - 1 in running or s + 1 in running}
+        expected = min(candidates, key=lambda s: (runs(running | {s}), s != prefer, s))
+        assert packed_slot(running, free, prefer) == expected
