@@ -13,6 +13,11 @@ prefix, alternated with the same step with no copy before it, for both KV modes:
 
     .venv/bin/python bench/kv_copy_cost.py                     # the default model
     .venv/bin/python bench/kv_copy_cost.py --model PATH --ctx 4096 --rounds 8
+
+`--move 64,512,2048` times instead what a parked prefix's `KvMove` costs (per-sequence
+KV, scheduler/parking.py `packed_slot`): the prefix serialized out of its slot and into
+another (`save_seq` then `load_seq`, as `EngineCore._move_kv` does), beside the whole-
+stream copy it avoids, for each prefix length.
 """
 
 from __future__ import annotations
@@ -27,10 +32,17 @@ from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.models.files import default_model_path
 
 
+def _prefill(backend: LlamaCppBackend, prefix: int) -> None:
+    """Sequence 0 := `prefix` tokens, in steps of at most 512 (the context's n_batch)."""
+    backend.free_seq(0)
+    tokens = list(range(100, 100 + prefix))
+    for start in range(0, prefix, 512):
+        backend.decode([(0, tokens[start : start + 512], start, start + 512 >= prefix)])
+
+
 def measure(backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int) -> dict[str, float]:
     """Median ms of a `suffix`-token step after a copy, and without one."""
-    backend.free_seq(0)
-    backend.decode([(0, list(range(100, 100 + prefix)), 0, True)])
+    _prefill(backend, prefix)
     after_copy: list[float] = []
     plain: list[float] = []
     tail = list(range(300, 300 + suffix))
@@ -46,6 +58,27 @@ def measure(backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int) -> 
     return {"after_copy_ms": statistics.median(after_copy), "plain_ms": statistics.median(plain)}
 
 
+def measure_move(
+    backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int
+) -> dict[str, float]:
+    """Median ms of a `prefix`-token KvMove (save, then load into another slot), and of a
+    `suffix`-token step after a whole-stream copy of it less the same step without one."""
+    _prefill(backend, prefix)
+    moves: list[float] = []
+    for k in range(rounds):
+        dst = 1 + k % 2
+        started = time.perf_counter()
+        moved = backend.load_seq(dst, backend.save_seq(0), prefix)
+        moves.append(1000 * (time.perf_counter() - started))
+        assert moved, "the move was refused"
+        backend.free_seq(dst)
+    copy = measure(backend, prefix, suffix, rounds)
+    return {
+        "move_ms": statistics.median(moves),
+        "copy_ms": copy["after_copy_ms"] - copy["plain_ms"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
@@ -54,9 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", type=int, default=14)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--move", default="", help="prefix lengths: time KvMove instead")
     args = p.parse_args(argv)
     path = args.model or str(default_model_path())
     print(f"{os.path.basename(path)}, {args.ctx} cells a sequence, {args.threads} threads")
+    if args.move:
+        config = ContextConfig(path, args.ctx, 3, 512, args.threads, args.threads, False)
+        backend = LlamaCppBackend(config)
+        try:
+            for prefix in (int(n) for n in args.move.split(",")):
+                got = measure_move(backend, prefix, args.suffix, args.rounds)
+                print(
+                    f"{prefix} tokens: KvMove {got['move_ms']:.1f} ms, a whole-stream copy "
+                    f"{got['copy_ms']:+.1f} ms on the next step"
+                )
+        finally:
+            backend.close()
+        return 0
     for unified in (False, True):
         config = ContextConfig(path, args.ctx, 3, 512, args.threads, args.threads, unified)
         backend = LlamaCppBackend(config)

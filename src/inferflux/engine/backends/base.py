@@ -137,11 +137,11 @@ class ModelBackend(Protocol):
         sliding-window cache may lack positions the next token attends to."""
         ...
 
-    def save_seq(self, seq_id: int) -> bytes:
+    def save_seq(self, seq_id: int) -> bytes | bytearray:
         """The KV of `seq_id` as state bytes (what `load_seq` takes)."""
         ...
 
-    def load_seq(self, seq_id: int, data: bytes, n_tokens: int) -> bool:
+    def load_seq(self, seq_id: int, data: bytes | bytearray | memoryview, n_tokens: int) -> bool:
         """`seq_id` := the state in `data`, cut to its first `n_tokens` positions. False
         (the sequence is then empty) when refused or holding fewer positions."""
         ...

@@ -38,6 +38,7 @@ from inferflux.engine.backends.base import (
     SamplerSpec,
     StepInterrupted,
 )
+from inferflux.engine.backends.buffers import in_place
 from inferflux.engine.backends.llama_cpp_sampler import LogitMasker, Sampler
 from inferflux.engine.backends.offload import GpuSupport, OffloadPlan
 from inferflux.engine.grammar import GrammarLimits, MatcherFactory, validate_grammar
@@ -665,13 +666,16 @@ class LlamaCppBackend:
         """What sequence-state bytes depend on besides the weights (kv_state.py header)."""
         return kv_layout(self._model, self.config)
 
-    def save_seq(self, seq_id: int) -> bytes:
-        """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`)."""
+    def save_seq(self, seq_id: int) -> bytearray:
+        """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`), written
+        in place (buffers.py: a copy took 20× llama.cpp's own time)."""
         self._settle(seq_id)
         size = ll.llama_state_seq_get_size(self._ctx, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        n = ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
-        return ctypes.string_at(buf, n)
+        data, view = in_place(bytearray(size))
+        n = ll.llama_state_seq_get_data(self._ctx, view, size, seq_id)
+        del view  # NOTE: an exported buffer cannot be resized
+        del data[n:]
+        return data
 
     def seq_state_size(self, seq_id: int) -> int:
         """Bytes `save_seq_into` writes for `seq_id` now."""
@@ -689,19 +693,16 @@ class LlamaCppBackend:
             del view  # NOTE: an exported pointer keeps an mmap from closing
 
     def load_seq(
-        self, seq_id: int, data: bytes | WritableBuffer, n_tokens: int, offset: int = 0
+        self, seq_id: int, data: bytes | memoryview | WritableBuffer, n_tokens: int, offset: int = 0
     ) -> bool:
         """`seq_id` := the state in `data` (from `offset`), cut to its first `n_tokens`
         positions. False (and `seq_id` empty) when llama.cpp refused the bytes or they held
-        fewer positions: a restore never silently does nothing. A writable buffer (a
-        shared-memory map) is read in place; `bytes` are copied once."""
+        fewer positions: a restore never silently does nothing. Any buffer (bytes, a
+        shared-memory map) is read in place: a copy took 10× llama.cpp's own time."""
         self._settle(seq_id, as_source=True)
         ll.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         size = len(data) - offset
-        if isinstance(data, bytes):
-            buf = (ctypes.c_uint8 * size).from_buffer_copy(data, offset)
-        else:
-            buf = (ctypes.c_uint8 * size).from_buffer(data, offset)
+        _, buf = in_place(data, offset)
         try:
             loaded = ll.llama_state_seq_set_data(self._ctx, buf, size, seq_id)
         finally:

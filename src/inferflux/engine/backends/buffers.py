@@ -1,0 +1,29 @@
+"""Pointers into Python buffers for llama.cpp's state calls, without copying the bytes.
+
+A sequence's KV state is tens of MB (2,048 SmolLM2 tokens: 47 MB). Moving it through
+ctypes the obvious way (a zeroed `c_uint8` array copied out with `string_at`; bytes
+copied in with `from_buffer_copy`) took 41 ms to save and 24 ms to load, where
+`llama_state_seq_get_data` / `_set_data` themselves took 2.1 and 2.2 ms: each copy of
+that size writes into fresh pages (bench/kv_copy_cost.py --move, BENCHMARKS.md,
+eighteenth session). A parked prefix's `KvMove` and every host-tier save and restore
+pay it on an admission, in a request's TTFT.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+_U8_P = ctypes.POINTER(ctypes.c_uint8)
+B = TypeVar("B")  # a buffer
+
+
+def in_place(data: B, offset: int = 0) -> tuple[B, Any]:
+    """`data` and a `uint8*` to its bytes from `offset`: any buffer (bytes, bytearray,
+    memoryview, a shared-memory map), read-only ones too. The pointer holds a reference
+    to `data`'s buffer: drop it before resizing `data` or closing a map.
+    Any: a ctypes pointer."""
+    array = np.frombuffer(cast(Any, data), np.uint8, offset=offset)
+    return data, array.ctypes.data_as(_U8_P)
