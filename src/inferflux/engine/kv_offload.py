@@ -52,7 +52,7 @@ _ALPHA = 0.2  # weight of a new observation in the running averages
 class KvStateBackend(Protocol):
     """What the tiers need of a backend (LlamaCppBackend implements it)."""
 
-    def save_seq(self, seq_id: int) -> bytes | bytearray: ...
+    def save_seq(self, seq_id: int) -> bytes | memoryview: ...
 
     def load_seq(
         self, seq_id: int, data: bytes | bytearray | memoryview, n_tokens: int

@@ -60,7 +60,7 @@ class KvBlob:
         return len(self.header.token_ids)
 
 
-def encode_blob(header: BlobHeader, payload: bytes | bytearray) -> bytes:
+def encode_blob(header: BlobHeader, payload: bytes | memoryview) -> bytes:
     """The blob bytes of `payload` (from `llama_state_seq_get_data`) under `header`."""
     head = msgspec.msgpack.encode(header)
     crc = zlib.crc32(payload, zlib.crc32(head))

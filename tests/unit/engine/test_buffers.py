@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 
+import numpy as np
 import pytest
 
 from inferflux.engine.backends.buffers import in_place
@@ -27,11 +28,9 @@ def test_the_pointer_reads_the_buffers_own_bytes_from_the_offset(kind: str) -> N
         data.close()
 
 
-def test_writes_through_the_pointer_land_in_a_bytearray_which_can_then_shrink() -> None:
+def test_writes_through_the_pointer_land_in_the_buffer_it_points_into() -> None:
     """What `LlamaCppBackend.save_seq` relies on: llama.cpp writes the state through the
-    pointer, and the bytearray is cut to the bytes written once the pointer is gone."""
-    data, pointer = in_place(bytearray(8))
+    pointer into a numpy buffer's memoryview, which is then cut to the bytes written."""
+    data, pointer = in_place(np.zeros(8, np.uint8).data)
     ctypes.memmove(pointer, b"\x01\x02\x03", 3)
-    del pointer
-    del data[3:]
-    assert data == bytearray(b"\x01\x02\x03")
+    assert bytes(data[:3]) == b"\x01\x02\x03" and bytes(data[3:]) == bytes(5)

@@ -137,7 +137,7 @@ class ModelBackend(Protocol):
         sliding-window cache may lack positions the next token attends to."""
         ...
 
-    def save_seq(self, seq_id: int) -> bytes | bytearray:
+    def save_seq(self, seq_id: int) -> bytes | memoryview:
         """The KV of `seq_id` as state bytes (what `load_seq` takes)."""
         ...
 

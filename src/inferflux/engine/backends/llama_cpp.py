@@ -666,16 +666,15 @@ class LlamaCppBackend:
         """What sequence-state bytes depend on besides the weights (kv_state.py header)."""
         return kv_layout(self._model, self.config)
 
-    def save_seq(self, seq_id: int) -> bytearray:
+    def save_seq(self, seq_id: int) -> memoryview:
         """The KV of `seq_id` as llama.cpp state bytes (`llama_state_seq_get_data`), written
-        in place (buffers.py: a copy took 20× llama.cpp's own time)."""
+        in place into calloc'd memory (buffers.py: copies took 20× llama.cpp's own time)."""
         self._settle(seq_id)
         size = ll.llama_state_seq_get_size(self._ctx, seq_id)
-        data, view = in_place(bytearray(size))
+        # NOTE: numpy's calloc'd memory, where bytearray(size) zeroed 47 MB in 20 ms
+        data, view = in_place(np.zeros(size, np.uint8).data)
         n = ll.llama_state_seq_get_data(self._ctx, view, size, seq_id)
-        del view  # NOTE: an exported buffer cannot be resized
-        del data[n:]
-        return data
+        return data[:n]
 
     def seq_state_size(self, seq_id: int) -> int:
         """Bytes `save_seq_into` writes for `seq_id` now."""
