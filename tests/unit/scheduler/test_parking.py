@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, SeqId
 from inferflux.scheduler.lower_tiers import LowerTierHit
 from inferflux.scheduler.parking import (
@@ -56,31 +58,25 @@ def run_to_end(sched: Scheduler, rid: str) -> list[SchedulerOutput]:
 SYSTEM = list(range(100, 120))  # a 20-token shared start
 
 
-def test_common_prefix_matches_a_token_by_token_count() -> None:
-    rng = random.Random(7)
-    for _ in range(500):
-        n = rng.randint(0, 60)
-        a = [rng.randint(0, 3) for _ in range(n)]
-        b = a[: rng.randint(0, n)] + [rng.randint(0, 3) for _ in range(rng.randint(0, 20))]
-        limit = rng.randint(0, 80)
-        expected = 0
-        while expected < min(len(a), len(b), limit) and a[expected] == b[expected]:
-            expected += 1
-        assert common_prefix(a, b, limit) == expected
-
-
-def test_common_prefix_of_long_lists_and_from_an_offset_matches_a_token_by_token_count() -> None:
-    """The galloping chunks (32, 64, 128, ... tokens) and the halvings after them, over
-    lists long enough to take several chunks, and the offset form the prefix cache's trie
+@pytest.mark.parametrize(
+    ("seed", "cases", "longest", "max_offset"),
+    [(7, 500, 60, 0), (11, 300, 3000, 50)],
+    ids=["short", "long-with-offsets"],
+)
+def test_common_prefix_matches_a_token_by_token_count(
+    seed: int, cases: int, longest: int, max_offset: int
+) -> None:
+    """Short lists, then lists long enough for several galloping chunks (32, 64, 128, ...
+    tokens) and the halvings after them, with the offset form the prefix cache's trie
     uses (`a` against `b[offset:]`)."""
-    rng = random.Random(11)
-    for _ in range(300):
-        n = rng.randint(0, 3000)
-        a = [rng.randint(0, 2) for _ in range(n)]
-        b = a[: rng.randint(0, n)] + [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
-        offset = rng.randint(0, 50)
-        b = [7] * offset + b
-        limit = rng.randint(0, 3200)
+    rng = random.Random(seed)
+    for _ in range(cases):
+        n = rng.randint(0, longest)
+        a = [rng.randint(0, 3) for _ in range(n)]
+        offset = rng.randint(0, max_offset)
+        tail = [rng.randint(0, 3) for _ in range(rng.randint(0, 40))]
+        b = [7] * offset + a[: rng.randint(0, n)] + tail
+        limit = rng.randint(0, longest + 200)
         expected = 0
         while (
             expected < min(len(a), len(b) - offset, limit) and a[expected] == b[offset + expected]
