@@ -225,7 +225,7 @@ class PrefixCache:
             if (
                 entry.namespace == namespace
                 and n <= len(tokens)
-                and entry.tokens[n - 1] == tokens[n - 1]  # cheap: most entries differ there
+                and (n == 0 or entry.tokens[-1] == tokens[n - 1])  # cheap: most differ there
                 and tokens[:n] == entry.tokens
             ):
                 return slot
