@@ -16,8 +16,10 @@ prefix, alternated with the same step with no copy before it, for both KV modes:
 
 `--move 64,512,2048` times instead what a parked prefix's `KvMove` costs (per-sequence
 KV, scheduler/parking.py `packed_slot`): the prefix serialized out of its slot and into
-another (`save_seq` then `load_seq`, as `EngineCore._move_kv` does), beside the whole-
-stream copy it avoids, for each prefix length.
+another (`save_seq` then `load_seq`, as `EngineCore._move_kv` does); a host-tier save
+(`save_seq` then `encode_blob`, as `KvOffload` spills a displaced prefix) and restore
+(`decode_blob` then `load_seq`); beside the whole-stream copy a move avoids, for each
+prefix length.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import time
 
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
+from inferflux.engine.kv_state import BlobHeader, decode_blob, encode_blob
 from inferflux.models.files import default_model_path
 
 
@@ -61,22 +64,33 @@ def measure(backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int) -> 
 def measure_move(
     backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int
 ) -> dict[str, float]:
-    """Median ms of a `prefix`-token KvMove (save, then load into another slot), and of a
-    `suffix`-token step after a whole-stream copy of it less the same step without one."""
+    """Median ms of a `prefix`-token KvMove (save, then load into another slot), of a
+    host-tier save (save, then the checked blob: `KvOffload`'s spill) and restore (the
+    blob checked, then loaded), and of a `suffix`-token step after a whole-stream copy
+    of it less the same step without one."""
     _prefill(backend, prefix)
-    moves: list[float] = []
+    layout = backend.kv_layout()
+    header = BlobHeader(model_id="bench", layout=layout, namespace="", token_ids=[0] * prefix)
+    times: dict[str, list[float]] = {"move_ms": [], "save_ms": [], "restore_ms": []}
     for k in range(rounds):
         dst = 1 + k % 2
         started = time.perf_counter()
         moved = backend.load_seq(dst, backend.save_seq(0), prefix)
-        moves.append(1000 * (time.perf_counter() - started))
-        assert moved, "the move was refused"
-        backend.free_seq(dst)
+        saved_at = time.perf_counter()
+        blob = encode_blob(header, backend.save_seq(0))
+        restore_at = time.perf_counter()
+        payload = decode_blob(blob, model_id="bench", layout=layout).payload
+        restored = backend.load_seq(3 - dst, payload, prefix)
+        done = time.perf_counter()
+        assert moved and restored, "a load was refused"
+        times["move_ms"].append(1000 * (saved_at - started))
+        times["save_ms"].append(1000 * (restore_at - saved_at))
+        times["restore_ms"].append(1000 * (done - restore_at))
+        backend.free_seq(1)
+        backend.free_seq(2)
     copy = measure(backend, prefix, suffix, rounds)
-    return {
-        "move_ms": statistics.median(moves),
-        "copy_ms": copy["after_copy_ms"] - copy["plain_ms"],
-    }
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    return {**medians, "copy_ms": copy["after_copy_ms"] - copy["plain_ms"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             for prefix in (int(n) for n in args.move.split(",")):
                 got = measure_move(backend, prefix, args.suffix, args.rounds)
                 print(
-                    f"{prefix} tokens: KvMove {got['move_ms']:.1f} ms, a whole-stream copy "
-                    f"{got['copy_ms']:+.1f} ms on the next step"
+                    f"{prefix} tokens: KvMove {got['move_ms']:.1f} ms, host-tier save "
+                    f"{got['save_ms']:.1f} ms and restore {got['restore_ms']:.1f} ms, a "
+                    f"whole-stream copy {got['copy_ms']:+.1f} ms on the next step"
                 )
         finally:
             backend.close()

@@ -207,7 +207,7 @@ def test_evicted_prefix_is_restored_from_the_host_tier(
         assert core.kv_offload.stats.host_entries == 3
         for entry in core.kv_offload.store.entries():
             if entry.data is not None:
-                entry.data = entry.data[:-1] + bytes([entry.data[-1] ^ 0xFF])
+                entry.data = bytes(entry.data[:-1]) + bytes([entry.data[-1] ^ 0xFF])
         with caplog.at_level(logging.WARNING):
             again, cached = _run(core, "a3", a2 + [a_prompt[9]])
         assert core.kv_offload.stats.refusals == 1

