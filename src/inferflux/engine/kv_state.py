@@ -25,7 +25,6 @@ import zlib
 from dataclasses import dataclass
 
 import msgspec
-import numpy as np
 
 MAGIC = b"IFKV"
 VERSION = 1
@@ -33,7 +32,7 @@ _PREFIX = struct.Struct("<4sHII")  # magic, version, header length, crc32
 PREFIX_SIZE = _PREFIX.size
 
 Layout = dict[str, int | bool | str]
-Blob = bytes | memoryview  # a blob's bytes (`encode_blob` gives a view of numpy's memory)
+Blob = bytes | memoryview  # a blob's bytes, or a view of them
 
 
 class KvStateRefused(Exception):
@@ -62,19 +61,14 @@ class KvBlob:
         return len(self.header.token_ids)
 
 
-def encode_blob(header: BlobHeader, payload: Blob) -> memoryview:
-    """The blob bytes of `payload` (from `llama_state_seq_get_data`) under `header`, in
-    numpy's memory: its large buffers take a 47 MB state in 4.5 ms, where `b"".join`
-    took 19 ms writing fresh pages (a host-tier save, in an admission step)."""
+def encode_blob(header: BlobHeader, payload: Blob) -> bytes:
+    """The blob bytes of `payload` (from `llama_state_seq_get_data`) under `header`.
+    NOTE: built with `b"".join`, not in a numpy buffer: numpy's were faster at the median
+    but its huge-page allocations stalled some saves for 70-160 ms (bench/kv_tiers.py's
+    cost part and an interleaved test, BENCHMARKS.md, eighteenth session)."""
     head = msgspec.msgpack.encode(header)
     crc = zlib.crc32(payload, zlib.crc32(head))
-    prefix = _PREFIX.pack(MAGIC, VERSION, len(head), crc)
-    start = len(prefix) + len(head)
-    blob = np.empty(start + len(payload), np.uint8)
-    blob[: len(prefix)] = np.frombuffer(prefix, np.uint8)
-    blob[len(prefix) : start] = np.frombuffer(head, np.uint8)
-    blob[start:] = np.frombuffer(payload, np.uint8)
-    return blob.data
+    return b"".join((_PREFIX.pack(MAGIC, VERSION, len(head), crc), head, payload))
 
 
 def header_end(prefix: bytes) -> int:
