@@ -4,10 +4,10 @@ A sequence's KV state is tens of MB (2,048 SmolLM2 tokens: 47 MB). Moving it thr
 ctypes the obvious way (a zeroed `c_uint8` array copied out with `string_at`; bytes
 copied in with `from_buffer_copy`) took 41 ms to save and 24 ms to load, where
 `llama_state_seq_get_data` / `_set_data` themselves took 2.1 and 2.2 ms: each copy of
-that size writes into fresh pages, and `bytearray(size)` alone zeroed 47 MB in 20 ms
-(numpy's calloc'd memory: 3 ms; bench/kv_copy_cost.py --move, BENCHMARKS.md,
-eighteenth session). A parked prefix's `KvMove` and every host-tier save and restore
-pay it on an admission, in a request's TTFT.
+that size writes into fresh pages. Written in place, the save took 21 ms into a
+`bytearray` and 7.9 ms into numpy's calloc'd memory (bench/kv_copy_cost.py --move,
+BENCHMARKS.md, eighteenth session). A parked prefix's `KvMove` and every host-tier save
+and restore pay it on an admission, in a request's TTFT.
 """
 
 from __future__ import annotations
