@@ -64,10 +64,12 @@ def measure(backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int) -> 
 def measure_move(
     backend: LlamaCppBackend, prefix: int, suffix: int, rounds: int
 ) -> dict[str, float]:
-    """Median ms of a `prefix`-token KvMove (save, then load into another slot), of a
-    host-tier save (save, then the checked blob: `KvOffload`'s spill) and restore (the
-    blob checked, then loaded), and of a `suffix`-token step after a whole-stream copy
-    of it less the same step without one."""
+    """Median and worst ms of a `prefix`-token KvMove (save, then load into another slot),
+    of a host-tier save (save, then the checked blob: `KvOffload`'s spill) and restore
+    (the blob checked, then loaded), and the median of a `suffix`-token step after a
+    whole-stream copy of it less the same step without one. The worst matters: a save
+    that faults in fresh huge pages can stall for tens of ms (BENCHMARKS, eighteenth
+    session), and a median of a few rounds hides it."""
     _prefill(backend, prefix)
     layout = backend.kv_layout()
     header = BlobHeader(model_id="bench", layout=layout, namespace="", token_ids=[0] * prefix)
@@ -90,7 +92,8 @@ def measure_move(
         backend.free_seq(2)
     copy = measure(backend, prefix, suffix, rounds)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    return {**medians, "copy_ms": copy["after_copy_ms"] - copy["plain_ms"]}
+    worst = {name.replace("_ms", "_max_ms"): max(values) for name, values in times.items()}
+    return {**medians, **worst, "copy_ms": copy["after_copy_ms"] - copy["plain_ms"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             for prefix in (int(n) for n in args.move.split(",")):
                 got = measure_move(backend, prefix, args.suffix, args.rounds)
                 print(
-                    f"{prefix} tokens: KvMove {got['move_ms']:.1f} ms, host-tier save "
-                    f"{got['save_ms']:.1f} ms and restore {got['restore_ms']:.1f} ms, a "
+                    f"{prefix} tokens, median (worst) of {args.rounds}: KvMove "
+                    f"{got['move_ms']:.1f} ({got['move_max_ms']:.1f}) ms, host-tier save "
+                    f"{got['save_ms']:.1f} ({got['save_max_ms']:.1f}) ms and restore "
+                    f"{got['restore_ms']:.1f} ({got['restore_max_ms']:.1f}) ms, a "
                     f"whole-stream copy {got['copy_ms']:+.1f} ms on the next step"
                 )
         finally:

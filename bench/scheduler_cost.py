@@ -21,18 +21,26 @@ step, per scheduled token, the steps measured, and the top functions of a cProfi
 
     .venv/bin/python bench/scheduler_cost.py                       # 16, 64, 256 slots
     .venv/bin/python bench/scheduler_cost.py --seqs 256 --profile
+    .venv/bin/python bench/scheduler_cost.py --digest   # a change's decisions, compared
+
+`--digest` prints a SHA-256 over every step's decisions (each chunk's request, slot,
+tokens, position and sampling flag; every KV operation): a change meant only to make the
+scheduler faster must leave it as it was (run it on both commits).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
+import hashlib
 import io
 import json
 import pstats
 import random
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +104,7 @@ def fake_token(request: Request) -> int:
     """The fake engine's next token: differs by request and position, like real answers
     (answers that agreed position by position would make every prefix check run long)."""
     n = len(request.output_token_ids)
-    return 2 + (n * 7919 + hash(request.request_id)) % 40000
+    return 2 + (n * 7919 + zlib.crc32(request.request_id.encode())) % 40000
 
 
 def fake_engine(out: SchedulerOutput) -> list[Request]:
@@ -114,16 +122,35 @@ def fake_engine(out: SchedulerOutput) -> list[Request]:
     return done
 
 
-def step(sched: Scheduler, traffic: Traffic) -> tuple[float, int]:
+def op_key(op: Any) -> tuple[Any, ...]:
+    """A KV operation as plain values: its kind and fields, a request by its id (a
+    request's repr holds its wall-clock arrival time, which differs from run to run)."""
+    values = (getattr(op, f.name) for f in dataclasses.fields(op))
+    return (type(op).__name__, *(v.request_id if isinstance(v, Request) else v for v in values))
+
+
+def digest_step(digest: Any, out: SchedulerOutput) -> None:
+    """Fold one step's decisions into `digest` (a hashlib object)."""
+    for chunk in out.chunks:
+        row = (chunk.request.request_id, chunk.seq_id, chunk.token_ids, chunk.start_pos)
+        digest.update(repr((row, chunk.sample, chunk.draft_token_ids)).encode())
+    digest.update(repr([op_key(op) for op in out.kv_ops]).encode())
+
+
+def step(sched: Scheduler, traffic: Traffic, digest: Any = None) -> tuple[float, int]:
     """One step: the scheduler's seconds (schedule() and the finishes) and its tokens."""
     started = time.perf_counter()
     out = sched.schedule()
     elapsed = time.perf_counter() - started
+    if digest is not None:
+        digest.update(b"step")
+        digest_step(digest, out)
     done = fake_engine(out)  # not timed
     started = time.perf_counter()
-    for request in done:
-        sched.finish(request.request_id, cache=True)
+    finished = [sched.finish(request.request_id, cache=True)[1] for request in done]
     elapsed += time.perf_counter() - started
+    if digest is not None:
+        digest.update(repr([[op_key(op) for op in ops] for ops in finished]).encode())
     for request in done:
         traffic.finished.append(request.prompt_token_ids + request.output_token_ids)
         sched.add(traffic.next())
@@ -142,11 +169,12 @@ def run(seqs: int, args: Any) -> dict[str, Any]:
         step(sched, traffic)
         clock.now += args.step_ms / 1000.0
     spent, tokens = 0.0, 0
+    digest = hashlib.sha256() if args.digest else None
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
     for _ in range(args.steps):
-        elapsed, n = step(sched, traffic)
+        elapsed, n = step(sched, traffic, digest)
         spent, tokens = spent + elapsed, tokens + n
         if len(traffic.finished) > 4 * seqs:
             del traffic.finished[:seqs]
@@ -162,6 +190,8 @@ def run(seqs: int, args: Any) -> dict[str, Any]:
         "us_per_step": round(spent / args.steps * 1e6, 1),
         "us_per_token": round(spent / max(tokens, 1) * 1e6, 2),
     }
+    if digest is not None:
+        row["digest"] = digest.hexdigest()[:16]
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.top)
@@ -187,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="print cProfile's top functions")
     p.add_argument("--sort", default="tottime", help="cProfile sort key (tottime, cumulative)")
     p.add_argument("--top", type=int, default=12, help="functions the profile lists")
+    p.add_argument("--digest", action="store_true", help="print a hash of every decision")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     rows = []

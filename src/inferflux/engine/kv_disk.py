@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from inferflux.engine.kv_state import PREFIX_SIZE, Blob, KvStateRefused, header_end
+from inferflux.engine.kv_state import PREFIX_SIZE, KvStateRefused, header_end
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class DiskBlobs:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kv-disk")
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
-        self._pending: dict[str, Blob] = {}
+        self._pending: dict[str, bytes] = {}
         self._deleted: set[str] = set()
         self._failed: list[str] = []  # keys whose write failed, for take_failed
         self._undeleted: set[str] = set()  # keys whose unlink failed, retried later
@@ -81,7 +81,7 @@ class DiskBlobs:
     def path(self, key: str) -> Path:
         return self.blobs / f"{key}.kv"
 
-    def write(self, key: str, data: Blob, *, block: bool = False) -> bool:
+    def write(self, key: str, data: bytes, *, block: bool = False) -> bool:
         with self._lock:
             while len(self._pending) >= self.queue_depth:
                 if not block:
@@ -93,7 +93,7 @@ class DiskBlobs:
         self._pool.submit(self._write, key, data)
         return True
 
-    def _write(self, key: str, data: Blob) -> None:
+    def _write(self, key: str, data: bytes) -> None:
         target = self.path(key)
         temp = target.with_suffix(f".tmp-{threading.get_ident()}")
         error: OSError | None = None
@@ -154,7 +154,7 @@ class DiskBlobs:
             failed, self._failed = self._failed, []
         return failed
 
-    def read(self, key: str) -> Blob | None:
+    def read(self, key: str) -> bytes | None:
         with self._lock:
             data = self._pending.get(key)
         if data is not None:

@@ -23,7 +23,6 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from inferflux.engine.kv_state import Blob
 from inferflux.engine.messages import KvTierStats
 
 Tier = Literal["host", "disk"]
@@ -32,12 +31,12 @@ Tier = Literal["host", "disk"]
 class BlobDisk(Protocol):
     """Where the disk tier's blobs live; writes are asynchronous and bounded."""
 
-    def write(self, key: str, data: Blob, *, block: bool = False) -> bool:
+    def write(self, key: str, data: bytes, *, block: bool = False) -> bool:
         """Start writing `data` as `key`. False (nothing written) when the write queue is
         full and not `block`."""
         ...
 
-    def read(self, key: str) -> Blob | None:
+    def read(self, key: str) -> bytes | None:
         """The blob (also while its write is in flight); None when it is gone."""
         ...
 
@@ -56,7 +55,7 @@ class TierEntry:
     nbytes: int
     tier: Tier
     last_used: int
-    data: Blob | None = None  # held in the host tier only
+    data: bytes | None = None  # held in the host tier only
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +143,7 @@ class KvTierStore:
                 best = TierMatch(entry.key, n, entry.tier, entry.nbytes, len(entry.token_ids))
         return best
 
-    def get(self, key: str) -> Blob | None:
+    def get(self, key: str) -> bytes | None:
         """The blob of `key`, marked recently used; None (entry dropped) when its file
         is gone."""
         entry = self._entries.get(key)
@@ -159,7 +158,7 @@ class KvTierStore:
         return data
 
     # -- mutations -----------------------------------------------------------------
-    def put(self, namespace: str, token_ids: list[int], data: Blob) -> str | None:
+    def put(self, namespace: str, token_ids: list[int], data: bytes) -> str | None:
         """Keep `data` (a blob covering `token_ids`) in the host tier, demoting LRU host
         entries to disk to make room. Returns its key, or None when it is redundant or
         larger than every budget (or the namespace's quota)."""

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
 
 from inferflux.scheduler.request import Request, RequestId
+from inferflux.scheduler.slot_tree import SlotTree, common_prefix
 
 # The waiting requests whose parked prefixes an admission leaves alone (`ClaimScan`): the
 # ones admitted in the same step are the first few; scanning more costs every admission
@@ -56,6 +57,7 @@ class ParkedSlots:
         """`min_match`: a shorter common prefix is not worth continuing."""
         self.min_match = max(1, min_match)
         self._held: dict[int, Parked] = {}
+        self._tree = SlotTree()  # the parked prefixes, for `best`'s one walk
         self.version = 0  # counts `park` calls: a prefix parked since a lookup is new to it
 
     def __len__(self) -> int:
@@ -72,7 +74,9 @@ class ParkedSlots:
         """Remember that `slot` holds `tokens`; False (nothing kept) when too short."""
         if len(tokens) < self.min_match:
             return False
+        self.take(slot)
         self._held[slot] = Parked(slot, namespace, list(tokens))
+        self._tree.add(namespace, slot, self._held[slot].tokens)
         self.version += 1
         return True
 
@@ -81,16 +85,12 @@ class ParkedSlots:
     ) -> tuple[Parked, int] | None:
         """The parked prefix among `free` slots that `tokens` continues furthest (at most
         `max_length` tokens, at least `min_match`), with that length; ties go to the
-        lowest slot, which keeps the running slots packed (docs/engine-notes.md)."""
-        found: tuple[Parked, int] | None = None
-        for slot in sorted(free):
-            entry = self._held.get(slot)
-            if entry is None or entry.namespace != namespace:
-                continue
-            n = common_prefix(entry.tokens, tokens, max_length)
-            if n >= self.min_match and (found is None or n > found[1]):
-                found = (entry, n)
-        return found
+        lowest slot, which keeps the running slots packed (docs/engine-notes.md). One
+        walk down the tree of parked prefixes (slot_tree.py), not a comparison with each."""
+        found = self._tree.longest(namespace, tokens, max_length, free)
+        if found is None or found[1] < self.min_match:
+            return None
+        return self._held[found[0]], found[1]
 
     def holds(self, entry: Parked) -> bool:
         """Whether `entry` is still parked (its slot not taken nor parked again since)."""
@@ -98,7 +98,10 @@ class ParkedSlots:
 
     def take(self, slot: int) -> Parked | None:
         """Forget `slot`'s parked prefix (its slot is being used); returns it."""
-        return self._held.pop(slot, None)
+        entry = self._held.pop(slot, None)
+        if entry is not None:
+            self._tree.remove(entry.namespace, slot, entry.tokens)
+        return entry
 
     def entries(self) -> list[Parked]:
         return sorted(self._held.values(), key=lambda p: p.slot)
@@ -107,6 +110,7 @@ class ParkedSlots:
         """Forget every parked prefix; returns their slots."""
         slots = sorted(self._held)
         self._held.clear()
+        self._tree = SlotTree()
         return slots
 
 
@@ -157,33 +161,6 @@ class ClaimScan:
         entry, length = found if found is not None else (None, 0)
         self._seen[request.request_id] = (tokens, entry, length, parked.version)
         return entry, length
-
-
-def common_prefix(a: list[int], b: list[int], limit: int, offset: int = 0) -> int:
-    """How many leading tokens `a` and `b[offset:]` share, at most `limit`. Compares
-    slices (C-speed list equality) rather than token by token in Python: chunks of
-    doubling size from the start while they match, then halves of the chunk that does
-    not. So the cost follows the shared length, not the lists' (a parked 2,000-token
-    conversation that shares only a 200-token system prompt with a prompt: 3 chunks and
-    7 halvings of at most 128 tokens, where comparing the whole lists first copied all
-    2,000 twice)."""
-    hi = min(len(a), len(b) - offset, limit)
-    lo, size = 0, 32
-    while lo < hi:
-        end = min(lo + size, hi)
-        if a[lo:end] != b[offset + lo : offset + end]:
-            hi = end
-            break
-        lo, size = end, size * 2
-    else:
-        return max(hi, 0)
-    while hi - lo > 1:  # a[:lo] == b[offset:offset + lo]; a[lo:hi] differs
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[offset + lo : offset + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def packed_slot(running: Set[int], free: Iterable[int], prefer: int) -> int:

@@ -19,21 +19,15 @@ another's request (the CVE-2025-46570 timing side channel); each has its own tre
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
-from inferflux.scheduler.parking import common_prefix
+from inferflux.scheduler.slot_tree import SlotTree
 
-
-@dataclass(slots=True, eq=False)
-class _Node:
-    """A radix tree node: the edge from its parent (`tokens`), and the cache slots whose
-    sequence runs through the end of this edge."""
-
-    tokens: list[int]
-    children: dict[int, _Node] = field(default_factory=dict)
-    slots: set[int] = field(default_factory=set)
+# `_most_recent` compares this many slots' recency directly; for more it walks the
+# recency order from the most recent (a node near the root holds every entry)
+_SCAN_SLOTS = 8
 
 
 @dataclass(slots=True)
@@ -106,8 +100,11 @@ class PrefixCache:
         # before its slot is freed or reused: the lower tiers save it (kv_offload.py).
         self.on_evict: Callable[[int, str, list[int]], None] | None = None
         self.stats = PrefixCacheStats()
-        self._roots: dict[str, _Node] = {}
+        self._tree = SlotTree()
         self._entries: dict[int, _Entry] = {}
+        # the entries' slots, least recently used first (the order of `last_used`): the
+        # LRU victim and a node's most recent entry without a pass over every entry
+        self._recency: dict[int, None] = {}
         self._num_tokens = 0  # of every entry (kept by _add/_remove: read at every insert)
         self._clock = 0
 
@@ -122,8 +119,8 @@ class PrefixCache:
 
     def entries(self) -> list[tuple[int, str, list[int]]]:
         """(slot, namespace, token ids) of every entry, least recently used first."""
-        ordered = sorted(self._entries.items(), key=lambda item: item[1].last_used)
-        return [(slot, e.namespace, list(e.tokens)) for slot, e in ordered]
+        entries = self._entries
+        return [(s, entries[s].namespace, list(entries[s].tokens)) for s in self._recency]
 
     def namespace_tokens(self, namespace: str) -> int:
         return sum(len(e.tokens) for e in self._entries.values() if e.namespace == namespace)
@@ -144,7 +141,7 @@ class PrefixCache:
         self.stats.matched_tokens += found.length
         if found.length < len(entry.tokens):
             self.stats.partial_hits += 1
-        self._touch(entry)
+        self._touch(found.slot)
         return found
 
     def peek(self, namespace: str, tokens: list[int], *, max_length: int) -> Match | None:
@@ -161,26 +158,18 @@ class PrefixCache:
             self.stats.partial_hits += 1
 
     def _longest(self, namespace: str, tokens: list[int], max_length: int) -> Match | None:
-        node = self._roots.get(namespace)
-        matched = 0
-        deepest: _Node | None = None  # the last node the tokens reach into
-        limit = min(len(tokens), max_length)
-        while node is not None and matched < limit:
-            child = node.children.get(tokens[matched])
-            if child is None:
-                break
-            n = _common_length(child.tokens, tokens, matched, limit)
-            matched += n
-            deepest = child
-            if n < len(child.tokens):
-                break
-            node = child
-        # the most recent entry only where it is asked: a node near the root (a shared
-        # system prompt) holds every entry
-        return None if deepest is None else Match(self._most_recent(deepest.slots), matched)
+        path = self._tree.walk(namespace, tokens, max_length)
+        if not path:
+            return None
+        deepest, matched = path[-1]  # the last node the tokens reach into
+        return Match(self._most_recent(deepest.slots), matched)
 
     def _most_recent(self, slots: set[int]) -> int:
-        return max(slots, key=lambda s: self._entries[s].last_used)
+        """The most recently used of `slots`. A node near the root (a shared system
+        prompt) holds every entry, and the most recent of all is then the first one."""
+        if len(slots) <= _SCAN_SLOTS:
+            return max(slots, key=lambda s: self._entries[s].last_used)
+        return next(s for s in reversed(self._recency) if s in slots)
 
     # -- mutations -----------------------------------------------------------------
     def insert(self, namespace: str, tokens: list[int], *, protected: int = -1) -> Insertion | None:
@@ -194,7 +183,7 @@ class PrefixCache:
             return None
         covering = self._longest(namespace, tokens, len(tokens))
         if covering is not None and covering.length == len(tokens):
-            self._touch(self._entries[covering.slot])  # already cached (maybe longer)
+            self._touch(covering.slot)  # already cached (maybe longer)
             return None
         evicted: list[int] = []
         slot = self._extended_entry(namespace, tokens)
@@ -219,17 +208,9 @@ class PrefixCache:
         return Insertion(slot=slot, length=len(tokens), evicted=tuple(evicted))
 
     def _extended_entry(self, namespace: str, tokens: list[int]) -> int | None:
-        """A slot of `namespace` whose whole sequence is a prefix of `tokens`."""
-        for slot, entry in self._entries.items():
-            n = len(entry.tokens)
-            if (
-                entry.namespace == namespace
-                and n <= len(tokens)
-                and (n == 0 or entry.tokens[-1] == tokens[n - 1])  # cheap: most differ there
-                and tokens[:n] == entry.tokens
-            ):
-                return slot
-        return None
+        """A slot of `namespace` whose whole sequence is a prefix of `tokens` (at most one:
+        `insert` never adds a prefix of an entry, and replaces an entry it extends)."""
+        return self._tree.prefix_of(namespace, tokens)
 
     def _quota_scope(self, namespace: str, tokens: list[int]) -> str | None:
         """`namespace` when adding `tokens` takes it over its quota: its victims must be
@@ -249,12 +230,11 @@ class PrefixCache:
         return victim
 
     def _lru(self, exclude: set[int], namespace: str | None = None) -> int | None:
-        candidates = [
-            s
-            for s, e in self._entries.items()
-            if s not in exclude and (namespace is None or e.namespace == namespace)
-        ]
-        return min(candidates, key=lambda s: self._entries[s].last_used) if candidates else None
+        entries = self._entries
+        for slot in self._recency:
+            if slot not in exclude and (namespace is None or entries[slot].namespace == namespace):
+                return slot
+        return None
 
     def _evict(self, slot: int, evicted: list[int]) -> None:
         entry = self._entries[slot]
@@ -286,45 +266,21 @@ class PrefixCache:
     def _add(self, slot: int, namespace: str, tokens: list[int]) -> None:
         self._clock += 1
         self._num_tokens += len(tokens)
-        self._entries[slot] = _Entry(namespace, list(tokens), self._clock)
-        node = self._roots.setdefault(namespace, _Node(tokens=[]))
-        i = 0
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                child = node.children[tokens[i]] = _Node(tokens=tokens[i:])
-                child.slots.add(slot)
-                return
-            n = _common_length(child.tokens, tokens, i, len(tokens))
-            if n < len(child.tokens):
-                child = _split(node, child, n)
-            child.slots.add(slot)
-            i += n
-            node = child
+        entry = self._entries[slot] = _Entry(namespace, list(tokens), self._clock)
+        self._recency[slot] = None
+        self._tree.add(namespace, slot, entry.tokens)
 
     def _remove(self, slot: int) -> None:
         entry = self._entries.pop(slot)
+        del self._recency[slot]
         self._num_tokens -= len(entry.tokens)
-        root = self._roots[entry.namespace]
-        path: list[tuple[_Node, _Node]] = []
-        node, i = root, 0
-        while i < len(entry.tokens):
-            child = node.children[entry.tokens[i]]
-            child.slots.discard(slot)
-            path.append((node, child))
-            i += len(child.tokens)
-            node = child
-        for parent, child in reversed(path):
-            if not child.slots:
-                del parent.children[child.tokens[0]]
-            elif len(child.children) == 1 and child.slots == _only(child).slots:
-                _merge(parent, child)
-        if not root.children:
-            del self._roots[entry.namespace]
+        self._tree.remove(entry.namespace, slot, entry.tokens)
 
-    def _touch(self, entry: _Entry) -> None:
+    def _touch(self, slot: int) -> None:
         self._clock += 1
-        entry.last_used = self._clock
+        self._entries[slot].last_used = self._clock
+        del self._recency[slot]
+        self._recency[slot] = None
 
     # -- persistence ---------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -361,40 +317,6 @@ class PrefixCache:
             self.min_match,
             self._clock,
             {s: (e.namespace, tuple(e.tokens), e.last_used) for s, e in self._entries.items()},
-            {ns: _shape(root) for ns, root in self._roots.items()},
+            self._tree.shape(),
             msgspec.structs.asdict(self.stats),
         )
-
-
-def _common_length(edge: list[int], tokens: list[int], start: int, limit: int) -> int:
-    """How many of `edge` equal `tokens[start:limit]`'s first ones (C-speed slices)."""
-    return common_prefix(edge, tokens, limit - start, start)
-
-
-def _split(parent: _Node, child: _Node, n: int) -> _Node:
-    """Cut `child`'s edge after `n` tokens; returns the new middle node."""
-    middle = _Node(tokens=child.tokens[:n], slots=set(child.slots))
-    child.tokens = child.tokens[n:]
-    middle.children[child.tokens[0]] = child
-    parent.children[middle.tokens[0]] = middle
-    return middle
-
-
-def _only(node: _Node) -> _Node:
-    return next(iter(node.children.values()))
-
-
-def _merge(parent: _Node, child: _Node) -> None:
-    """Fold `child`'s single child into it (they carry the same slots)."""
-    grandchild = _only(child)
-    merged = _Node(tokens=child.tokens + grandchild.tokens, slots=grandchild.slots)
-    merged.children = grandchild.children
-    parent.children[merged.tokens[0]] = merged
-
-
-def _shape(node: _Node) -> tuple[object, ...]:
-    return (
-        tuple(node.tokens),
-        tuple(sorted(node.slots)),
-        tuple(_shape(c) for _, c in sorted(node.children.items())),
-    )

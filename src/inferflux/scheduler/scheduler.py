@@ -345,19 +345,11 @@ class Scheduler:
     def _decode_rows(
         self, requests: list[Request], chunks: list[ScheduledChunk], budget: int
     ) -> int:
-        """One-token chunks of `requests` while the budget lasts; returns what is left.
-        A request whose only token without KV is its latest sampled one (every decoding
-        request, almost always) gets its chunk directly: at 256 sequences the general
-        `_chunk` was a fifth of the scheduler's time (bench/scheduler_cost.py)."""
+        """One-token chunks of `requests` while the budget lasts; returns what is left."""
         for request in requests:
             if budget <= 0:
                 break
-            out, seq_id = request.output_token_ids, request.seq_id
-            start = request.num_computed_tokens
-            if out and seq_id is not None and start == len(request.prompt_token_ids) + len(out) - 1:
-                chunks.append(ScheduledChunk(request, seq_id, [out[-1]], start, True))
-            else:
-                chunks.append(self._chunk(request, 1))
+            chunks.append(self._chunk(request, 1))
             budget -= 1
         return budget
 
@@ -777,13 +769,20 @@ class Scheduler:
 
     @staticmethod
     def _chunk(request: Request, limit: int) -> ScheduledChunk:
-        if request.seq_id is None:
+        """The next at most `limit` tokens of `request` without KV. A decoding request
+        whose only such token is its latest sampled one (almost every row of almost every
+        step) gets it without the general path: at 256 sequences that path was a fifth of
+        the scheduler's time (bench/scheduler_cost.py)."""
+        seq_id = request.seq_id
+        if seq_id is None:
             raise RuntimeError(f"{request.request_id} is scheduled without a sequence slot")
+        start, out = request.num_computed_tokens, request.output_token_ids
+        if out and limit > 0 and start == len(request.prompt_token_ids) + len(out) - 1:
+            return ScheduledChunk(request, seq_id, [out[-1]], start, True)
         token_ids = request.tokens_to_compute(limit)
-        start = request.num_computed_tokens
         return ScheduledChunk(
             request=request,
-            seq_id=request.seq_id,
+            seq_id=seq_id,
             token_ids=token_ids,
             start_pos=start,
             sample=start + len(token_ids) == request.num_tokens,

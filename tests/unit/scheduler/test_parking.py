@@ -143,6 +143,13 @@ def test_the_furthest_continuation_wins_and_ties_go_to_the_lowest_slot() -> None
     assert found is not None and (found[0].slot, found[1]) == (1, 3)  # tie: lowest
     assert parked.best("", [1, 2, 3, 4], max_length=10, free=[0]) is None  # namespaces
     assert parked.best("", [1, 2, 7], max_length=10, free=[1, 4]) is None  # < min_match
+    parked.park(4, "", [1, 2, 3, 8, 8])  # parked again: its old prefix is gone
+    found = parked.best("", [1, 2, 3, 4], max_length=10, free=[1, 4])
+    assert found is not None and (found[0].slot, found[1]) == (1, 3)
+    parked.take(1)
+    found = parked.best("", [1, 2, 3, 8], max_length=10, free=[1, 4])
+    assert found is not None and (found[0].slot, found[1]) == (4, 4)
+    assert parked.clear() == [0, 4] and parked.best("", [1, 2, 3], max_length=9, free=[4]) is None
 
 
 def test_the_next_turn_continues_its_slot_in_place_with_no_copy() -> None:

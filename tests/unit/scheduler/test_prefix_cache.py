@@ -126,11 +126,17 @@ def test_matches_agree_with_a_brute_force_search(ops: list) -> None:  # type: ig
                 (_common(t or [], tokens) for t in entries.values()),
                 default=0,
             )
+            recency = [s for s, _, _ in cache.entries()]  # least recently used first
+            longest = [
+                s for s in recency if s in entries and _common(entries[s] or [], tokens) == best
+            ]
             found = cache.match(namespace, tokens, max_length=len(tokens))
             assert (found.length if found else 0) == best
             if found is not None:
-                assert _common(cache.entry_tokens(found.slot) or [], tokens) == best
+                assert found.slot == longest[-1]  # the most recent of the longest
         assert cache.cached_tokens <= 20
+        last_used = {s: cache._entries[s].last_used for s in cache._entries}
+        assert [s for s, _, _ in cache.entries()] == sorted(last_used, key=last_used.__getitem__)
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -150,3 +156,16 @@ def test_evict_all_passes_every_entry_through_the_eviction_hook() -> None:
     assert sorted(cache.evict_all()) == [10, 11]
     assert sorted(seen) == [(10, "t", [1, 2, 3]), (11, "u", [4, 5])]
     assert cache.num_entries == 0 and cache.stats.evictions == 2
+
+
+def test_a_prefix_every_entry_shares_picks_the_most_recent_entry() -> None:
+    # more entries than `_most_recent` compares directly: the recency order answers
+    system = [7] * 10
+    cache = PrefixCache(list(range(12)), max_tokens=1000, min_match=4)
+    for i in range(12):
+        cache.insert("", system + [i])
+    cache.match("", system + [3], max_length=11)  # entry 3 is the most recent now
+    found = cache.match("", system + [99], max_length=11)
+    assert found is not None and (found.slot, found.length) == (3, 10)
+    # and the least recent is the one evicted
+    assert cache.insert("", [5] * 8) == Insertion(0, 8, (0,))

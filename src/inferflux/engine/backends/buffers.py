@@ -13,18 +13,17 @@ and restore pay it on an admission, in a request's TTFT.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 
 _U8_P = ctypes.POINTER(ctypes.c_uint8)
-B = TypeVar("B")  # a buffer
 
 
-def in_place(data: B, offset: int = 0) -> tuple[B, Any]:
-    """`data` and a `uint8*` to its bytes from `offset`: any buffer (bytes, bytearray,
+def in_place(data: object, offset: int = 0) -> Any:
+    """A `uint8*` to the bytes of `data` from `offset`: any buffer (bytes, bytearray,
     memoryview, a shared-memory map), read-only ones too. The pointer holds a reference
     to `data`'s buffer: drop it before resizing `data` or closing a map.
     Any: a ctypes pointer."""
     array = np.frombuffer(cast(Any, data), np.uint8, offset=offset)
-    return data, array.ctypes.data_as(_U8_P)
+    return array.ctypes.data_as(_U8_P)
