@@ -27,6 +27,7 @@ from inferflux.engine.messages import (
 from inferflux.engine.worker import WorkerConfig, build_engine_core
 from inferflux.scheduler import RequestId
 from inferflux.scheduler import scheduler as scheduler_module
+from inferflux.scheduler.request import KvOp
 
 pytestmark = pytest.mark.model
 
@@ -385,6 +386,42 @@ def test_a_request_that_waits_past_the_queue_timeout_ends_with_timeout(
         assert engine.stats().fairness.timeouts == 1
     finally:
         engine.close()
+
+
+def test_the_step_cost_model_learns_steps_without_their_kv_operations(
+    smollm2_model_path: str, tokenizer: LlamaTokenizer
+) -> None:
+    """A step's KV operations (host-tier saves of displaced prefixes, moves, restores)
+    cost what their tokens hold, not what the step's shape does; counted into the step,
+    32 admissions' saves made a 50-token step look like 0.46 s, and the prompt steps
+    after it grouped prompts they should have split (BENCHMARKS, nineteenth session).
+    Here the first step's KV operations are held up 1.5 s: the model must not see it."""
+    engine = make_core(smollm2_model_path)
+    observed: list[float] = []
+    observe, apply = engine.scheduler.observe_step, engine._apply_kv_ops
+    delays = [1.5]
+
+    def slow_ops(ops: list[KvOp]) -> set[str]:
+        if delays:
+            time.sleep(delays.pop())
+        return apply(ops)
+
+    def record(decoding: int, tokens: int, seconds: float) -> None:
+        observed.append(seconds)
+        observe(decoding, tokens, seconds)
+
+    engine._apply_kv_ops = slow_ops  # type: ignore[method-assign]
+    engine.scheduler.observe_step = record  # type: ignore[method-assign]
+    try:
+        started = time.monotonic()
+        submit(engine, tokenizer, "a", chat("Name a colour."), max_tokens=4)
+        out = drain(engine)
+        elapsed = time.monotonic() - started
+    finally:
+        engine.close()
+    assert len(tokens(out["a"])) == 4
+    assert not delays and elapsed > 1.5 and observed
+    assert max(observed) < 1.0, observed
 
 
 def test_logprobs_of_sampled_tokens_and_of_the_prompt(

@@ -325,6 +325,9 @@ class EngineCore:
         chunks = [c for c in output.chunks if c.request.request_id not in recompute]
         if not chunks:
             return deltas
+        # NOTE: the cost model learns from here: KV ops cost what their tokens hold, not
+        # the step's shape (32 admissions' saves made a 50-token step read 0.46 s)
+        ops_done_at = time.monotonic()
         self._recorder.on_scheduled(chunks, started_at)
         armed = arm(self.backend, chunks, output.num_tokens, self.scheduler, self.high_arrived)
         try:
@@ -342,7 +345,7 @@ class EngineCore:
             1 + len(c.draft_token_ids) for c in chunks if c.sample and len(c.token_ids) == 1
         )
         self.scheduler.observe_step(
-            decoding, output.num_tokens - decoding, time.monotonic() - started_at
+            decoding, output.num_tokens - decoding, time.monotonic() - ops_done_at
         )
         return deltas
 

@@ -25,9 +25,10 @@ Prompt bursts. With `burst_stall_s` and no stall-free target, the streams below 
 class stand aside while prompts are prefilled (up to `burst_stall_s`), so each pauses once
 per burst of arrivals instead of once per prompt step: the same delay in fewer, longer
 gaps. A burst's first step admits every waiting request that fits (in rank order); its
-prompts go shortest first (one that waited `aging_s` goes first, by arrival), and a step
-ends where a prompt ends when `StepCostModel.split_pays` (the first token earlier against
-a step's fixed cost for each prompt after it).
+prompts go shortest first (those that waited `aging_s` go first, by arrival plus their
+prompt's expected time: shortest first again among prompts that arrived together), and a
+step ends where a prompt ends when `StepCostModel.split_pays` (the first token earlier
+against a step's fixed cost for each prompt after it).
 
 High priority first. A HIGH-class prompt is never capped: it takes what the step's budget
 has left after the decodes. While HIGH-class requests keep arriving (one in the last
@@ -416,21 +417,30 @@ class Scheduler:
         self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
     ) -> list[ScheduledChunk]:
         """A burst step's prompt chunks: every waiting request that fits is admitted
-        first (in rank order), then the prompts go shortest first (one that has waited
-        `aging_s` goes before the others, by arrival), and the step ends where a prompt
-        ends when the cost model says the earlier first token is worth a step's fixed
-        cost to each prompt after it (on a CPU, where a token costs milliseconds, it is;
-        on a GPU, where a step's tokens come almost free, it is not)."""
+        first (in rank order), then the prompts go shortest first (those that have waited
+        `aging_s` go before the others, by arrival plus their remaining tokens' time:
+        their arrival order, but shortest first among prompts that came together), and
+        the step ends where a prompt ends when the cost model says the earlier first
+        token is worth a step's fixed cost to each prompt after it (on a CPU, where a
+        token costs milliseconds, it is; on a GPU, where a step's tokens come almost
+        free, it is not)."""
         pending = list(prefilling)
         while (head := self._next_waiting(now)) is not None and self._can_admit(head):
             self._admit(head, kv_ops)
             pending.append(head)
-        aging = self.policy.aging_s
+        aging, token_s = self.policy.aging_s, self.step_cost.token_cost_s
 
-        def order(request: Request) -> tuple[int, bool, int, float]:
-            aged = aging > 0 and now - request.arrival_at >= aging
-            remaining = request.num_prompt_tokens - request.num_computed_tokens
-            return request.priority, not aged, 0 if aged else remaining, request.arrival_at
+        def order(request: Request) -> tuple[int, bool, float, float]:
+            remaining, arrival = (
+                request.num_prompt_tokens - request.num_computed_tokens,
+                request.arrival_at,
+            )
+            if aging > 0 and now - arrival >= aging:
+                # by when it would be in had it started on arrival: by arrival where
+                # arrivals are further apart than their prompts take, shortest first
+                # where they came together (a wave of 32 clients ages as one)
+                return request.priority, False, arrival + remaining * token_s, arrival
+            return request.priority, True, remaining, arrival
 
         pending.sort(key=order)
         chunks: list[ScheduledChunk] = []

@@ -128,6 +128,28 @@ def test_a_prompt_that_waited_aging_s_goes_before_shorter_ones() -> None:
     assert _rows(sched.schedule()) == [("old", 300)]
 
 
+def test_prompts_that_aged_together_still_go_shortest_first() -> None:
+    """A wave of clients that arrived at once ages at once: their prompts keep the
+    shortest-first order (before, aged prompts went by arrival, which among a wave is
+    arbitrary: the late half of a 32-prompt burst lost it, BENCHMARKS nineteenth)."""
+    clock = ManualClock()
+    clock.now = 10.0
+    sched = _scheduler(clock, aging_s=5.0)
+    wave = [_request(f"w{n}", n, clock) for n in (300, 120, 200)]
+    late = _request("late", 40, clock)
+    for i, request in enumerate(wave):
+        request.arrival_at = 4.0 + 0.001 * i  # the same instant, give or take
+    late.arrival_at = 4.9  # aged too, but it came 0.9 s later: its 40 tokens take 0.08 s
+    for request in [*wave, late]:
+        sched.add(request)
+    order = []
+    for _ in range(4):
+        out = sched.schedule()
+        order += [rid for rid, _ in _rows(out) if not rid.startswith("d")]
+        complete(out)
+    assert order == ["w120", "w200", "w300", "late"]
+
+
 def test_every_waiting_request_that_fits_is_admitted_at_the_bursts_first_step() -> None:
     clock = ManualClock()
     sched = _scheduler(clock, n_decoding=0)
