@@ -325,8 +325,7 @@ class EngineCore:
         chunks = [c for c in output.chunks if c.request.request_id not in recompute]
         if not chunks:
             return deltas
-        # NOTE: the cost model learns from here: KV ops cost what their tokens hold, not
-        # the step's shape (32 admissions' saves made a 50-token step read 0.46 s)
+        # NOTE: the cost model learns from here: KV ops cost their tokens, not the step's shape
         ops_done_at = time.monotonic()
         self._recorder.on_scheduled(chunks, started_at)
         armed = arm(self.backend, chunks, output.num_tokens, self.scheduler, self.high_arrived)
