@@ -32,10 +32,10 @@ import itertools
 from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
 
-from inferflux.scheduler.request import Request, RequestId
+from inferflux.scheduler.request import Request
 from inferflux.scheduler.slot_tree import SlotTree, common_prefix
 
-# The waiting requests whose parked prefixes an admission leaves alone (`ClaimScan`): the
+# The waiting requests whose parked prefixes an admission leaves alone (`claimed_slots`): the
 # ones admitted in the same step are the first few; scanning more costs every admission
 # a prefix comparison per parked slot each.
 CLAIM_SCAN = 8
@@ -58,7 +58,6 @@ class ParkedSlots:
         self.min_match = max(1, min_match)
         self._held: dict[int, Parked] = {}
         self._tree = SlotTree()  # the parked prefixes, for `best`'s one walk
-        self.version = 0  # counts `park` calls: a prefix parked since a lookup is new to it
 
     def __len__(self) -> int:
         return len(self._held)
@@ -77,7 +76,6 @@ class ParkedSlots:
         self.take(slot)
         self._held[slot] = Parked(slot, namespace, list(tokens))
         self._tree.add(namespace, slot, self._held[slot].tokens)
-        self.version += 1
         return True
 
     def best(
@@ -91,10 +89,6 @@ class ParkedSlots:
         if found is None or found[1] < self.min_match:
             return None
         return self._held[found[0]], found[1]
-
-    def holds(self, entry: Parked) -> bool:
-        """Whether `entry` is still parked (its slot not taken nor parked again since)."""
-        return self._held.get(entry.slot) is entry
 
     def take(self, slot: int) -> Parked | None:
         """Forget `slot`'s parked prefix (its slot is being used); returns it."""
@@ -114,53 +108,26 @@ class ParkedSlots:
         return slots
 
 
-class ClaimScan:
-    """Parked slots that a waiting request continues further than the request being
-    admitted would (`claimed`). Taking one displaces a prefix about to be continued: its
-    save to the host tier lands after the step's admissions, so that waiting request,
-    admitted in the same step, would find it in no tier (test_routing: a turn with 27 of
-    66 tokens cached).
-
-    One scan per planned step (`Scheduler.schedule` makes a new one): each of the first
-    `CLAIM_SCAN` waiting requests gets its token list and its best parked prefix once, and
-    the lookup is made again only where that prefix was taken or a prefix was parked
-    since. Why: every admission of a step asked the same questions again, and at 256
-    sequences the admissions were 65% of the scheduler's time, half of it here
-    (bench/scheduler_cost.py, BENCHMARKS.md)."""
-
-    def __init__(self, parked: ParkedSlots) -> None:
-        self.parked = parked
-        # request id → (its tokens, its best parked prefix or None, its length, the
-        # ParkedSlots.version it was looked up at)
-        self._seen: dict[RequestId, tuple[list[int], Parked | None, int, int]] = {}
-
-    def claimed(self, mine: list[int], waiting: Iterator[Request], free: list[int]) -> set[int]:
-        """The parked slots among `free` that one of the first `CLAIM_SCAN` of `waiting`
-        (excluding the request whose tokens are `mine`) continues further than `mine`."""
-        claimed = set[int]()
-        for other in itertools.islice(waiting, CLAIM_SCAN):
-            if not other.use_prefix_cache or other.ticket_tokens:
-                continue
-            found, length = self._best(other, free)
-            if found and length > common_prefix(found.tokens, mine, len(mine) - 1):
-                claimed.add(found.slot)
-        return claimed
-
-    def _best(self, request: Request, free: list[int]) -> tuple[Parked | None, int]:
-        parked = self.parked
-        seen = self._seen.get(request.request_id)
-        if seen is not None:
-            tokens, entry, length, version = seen
-            # still the best: nothing parked since, and its prefix still where it was
-            if version == parked.version and (entry is None or parked.holds(entry)):
-                return entry, length
-        else:
-            tokens = request.prompt_token_ids + request.output_token_ids
-        space, limit = request.cache_namespace, len(tokens) - 1
-        found = parked.best(space, tokens, max_length=limit, free=free)
-        entry, length = found if found is not None else (None, 0)
-        self._seen[request.request_id] = (tokens, entry, length, parked.version)
-        return entry, length
+def claimed_slots(
+    parked: ParkedSlots, mine: list[int], waiting: Iterator[Request], free: list[int]
+) -> set[int]:
+    """The parked slots among `free` that one of the first `CLAIM_SCAN` of `waiting`
+    (excluding the request whose tokens are `mine`) continues further than `mine`.
+    Taking one displaces a prefix about to be continued: its save to the host tier lands
+    after the step's admissions, so that waiting request, admitted in the same step,
+    would find it in no tier (test_routing: a turn with 27 of 66 tokens cached).
+    NOTE: each lookup is one walk down the tree (`best`); a per-step memo of them,
+    needed while `best` compared every parked prefix, saved 1-7% after the tree came
+    (bench/scheduler_cost.py, nineteenth session), so there is none."""
+    found_slots = set[int]()
+    for other in itertools.islice(waiting, CLAIM_SCAN):
+        if not other.use_prefix_cache or other.ticket_tokens:
+            continue
+        tokens = other.prompt_token_ids + other.output_token_ids
+        found = parked.best(other.cache_namespace, tokens, max_length=len(tokens) - 1, free=free)
+        if found and found[1] > common_prefix(found[0].tokens, mine, len(mine) - 1):
+            found_slots.add(found[0].slot)
+    return found_slots
 
 
 def packed_slot(running: Set[int], free: Iterable[int], prefer: int) -> int:

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 
 from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
-from inferflux.scheduler.parking import ClaimScan, ParkedSlots, packed_slot
+from inferflux.scheduler.parking import ParkedSlots, claimed_slots, packed_slot
 from inferflux.scheduler.policy import FairnessCounters, SchedulingPolicy
 from inferflux.scheduler.prefix_cache import PrefixCache
 from inferflux.scheduler.request import (
@@ -185,7 +185,6 @@ class Scheduler:
         # whole (EngineCore does not stop it), so they decode at least every other step
         self.after_aside = False
         self._burst_since: float | None = None  # when the streams began to stand aside
-        self._claims: ClaimScan | None = None  # this step's lookups (parking.py ClaimScan)
 
     # -- queries -------------------------------------------------------------------
     def get(self, request_id: RequestId) -> Request | None:
@@ -280,7 +279,6 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks (see the module docstring). Admits waiting requests."""
         now = self.clock()
-        self._claims = None  # a new step: the waiting requests' lookups start afresh
         timed_out = self._expire(now)
         wait_s = self._window_wait(now)
         if wait_s > 0:
@@ -599,13 +597,11 @@ class Scheduler:
 
     def _claimed(self, request: Request, mine: list[int]) -> set[int]:
         """Parked slots a waiting request continues further than `request` (its tokens
-        `mine`): left to it (parking.py `ClaimScan`)."""
+        `mine`): left to it (parking.py `claimed_slots`)."""
         if not self.parked:
             return set()
-        if self._claims is None:  # this step's first admission with a prefix parked
-            self._claims = ClaimScan(self.parked)
         waiting = (r for q in self.queues.values() for r in q if r is not request)
-        return self._claims.claimed(mine, waiting, self._free_seq_ids)
+        return claimed_slots(self.parked, mine, waiting, self._free_seq_ids)
 
     def _take_slot(
         self, kv_ops: list[KvOp], protected: int, claimed: set[int], parked_at: int = -1

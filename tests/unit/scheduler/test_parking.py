@@ -12,8 +12,8 @@ from inferflux.scheduler import Request, RequestId, Scheduler, SchedulerOutput, 
 from inferflux.scheduler.lower_tiers import LowerTierHit
 from inferflux.scheduler.parking import (
     CLAIM_SCAN,
-    ClaimScan,
     ParkedSlots,
+    claimed_slots,
     common_prefix,
     packed_slot,
 )
@@ -89,7 +89,7 @@ def test_common_prefix_matches_a_token_by_token_count(
 def _claims_by_hand(
     parked: ParkedSlots, mine: list[int], waiting: list[Request], free: list[int]
 ) -> set[int]:
-    """What `ClaimScan.claimed` answers, looked up afresh every time."""
+    """What `claimed_slots` must answer, by hand."""
     claimed = set()
     for other in waiting[:CLAIM_SCAN]:
         tokens = other.prompt_token_ids + other.output_token_ids
@@ -99,9 +99,9 @@ def _claims_by_hand(
     return claimed
 
 
-def test_a_claim_scan_answers_as_a_fresh_lookup_while_slots_are_taken_and_parked() -> None:
-    """One `ClaimScan` per step keeps each waiting request's lookup; it must answer what a
-    fresh lookup would after prefixes are taken (admissions) and parked (finishes)."""
+def test_claimed_slots_answer_as_a_fresh_lookup_while_slots_are_taken_and_parked() -> None:
+    """`claimed_slots` answers what a lookup by hand would, as prefixes are taken
+    (admissions) and parked (finishes) between the questions of one step."""
     rng = random.Random(3)
     for _ in range(200):
         parked = ParkedSlots(min_match=3)
@@ -115,10 +115,9 @@ def test_a_claim_scan_answers_as_a_fresh_lookup_while_slots_are_taken_and_parked
         waiting = [
             request(f"w{i}", rng.choice(conversations) + [rng.randint(0, 5)]) for i in range(10)
         ]
-        scan = ClaimScan(parked)
         for _ in range(6):
             mine = rng.choice(conversations) + [9]
-            assert scan.claimed(mine, iter(waiting), free) == _claims_by_hand(
+            assert claimed_slots(parked, mine, iter(waiting), free) == _claims_by_hand(
                 parked, mine, waiting, free
             )
             if rng.random() < 0.5 and free:  # an admission takes a slot (and what it held)
