@@ -4,7 +4,8 @@ for the goodput gate of speculative decoding (engine/speculative.py `StepCost`).
 Owns: one short calibration on a scratch sequence before the worker reports ready:
 decode steps of 1 to 8, 16 and 32 logits rows over a 64-token context, each row sampled as
 a verified row is (the sampler chain over the whole vocabulary), the fastest of two
-passes after a warm-up pass, and from them the cost of every row count up to 36 (`cost_table`);
+passes after a warm-up pass (the one-row step, every cost's denominator, beside each
+width), and from them the cost of every row count up to 36 (`cost_table`);
 and the record of those step times across starts (`calibrated_step_cost`, a small JSON
 file keyed by model, threads, llama.cpp build and CPU).
 Does not own the gate's rule. Why measure: the cost of a second row is the whole question
@@ -124,12 +125,17 @@ def measure_step_times(
             return elapsed
 
         # passes over every width (the first a warm-up), so that a burst of other work
-        # on the machine spreads over the widths; the fastest of each (noise only adds)
+        # on the machine spreads over the widths; the fastest of each (noise only adds).
+        # The one-row step is every cost's denominator, so it runs beside each width: one
+        # slow sample of it alone priced a second row at nothing (a CI run: 2 rows <= 1)
         runs: dict[int, list[float]] = {rows: [] for rows in widths}
-        for _ in range(_REPS + 1):
+        for rep in range(_REPS + 1):
             for rows in widths:
-                runs[rows].append(step(rows))
-        return {rows: min(r[1:]) for rows, r in runs.items()}
+                timed = [step(1), step(rows)] if rows != 1 else [step(1)]
+                if rep:  # the first pass warms up
+                    runs[1].append(timed[0])
+                    runs[rows].append(timed[-1])
+        return {rows: min(r) for rows, r in runs.items()}
     finally:
         backend.free_seq(seq_id)
         close = getattr(sampler, "close", None)

@@ -76,6 +76,37 @@ def test_a_small_context_measures_no_wider_than_it_holds(monkeypatch: pytest.Mon
     assert max(backend.widths) == 16 and len(cost.table) == 20
 
 
+class FakeBurstyBackend(FakeBackend):
+    """A fake whose one-row steps from the 2nd to the `last` take 40 ms more: other work
+    on the machine while the calibration's first widths ran."""
+
+    def __init__(self, last: int) -> None:
+        super().__init__(n_ctx_per_seq=4096)
+        self.last = last
+        self.one_row_steps = 0
+
+    def decode(self, chunks: list[DecodeChunk]) -> list[int]:
+        if chunks[0][3] == 1:
+            self.one_row_steps += 1
+            if 2 <= self.one_row_steps <= self.last:
+                self.now += 0.040
+        return super().decode(chunks)
+
+
+def test_a_burst_over_some_one_row_steps_still_prices_a_second_row_above_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the one-row steps of the warm-up and the first measured widths ran slow: the
+    # fastest one-row step of the rest is the denominator (when each pass timed it once,
+    # two slow samples priced two rows at one)
+    backend = FakeBurstyBackend(last=14)
+    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
+    cost = spec_cost.calibrated_step_cost(backend, 7, _sampler, None, "k")
+    assert backend.one_row_steps > 14
+    assert cost.second_row == pytest.approx(_sawtooth(2) / _sawtooth(1) - 1.0, abs=1e-3)
+    assert cost(8) == pytest.approx(_sawtooth(8) / _sawtooth(1), abs=1e-3)
+
+
 def _start(
     monkeypatch: pytest.MonkeyPatch, record: Path, noise: dict[int, float] | None = None
 ) -> tuple[FakeBackend, StepCost]:
