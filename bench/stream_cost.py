@@ -5,7 +5,9 @@ Starts `inferflux serve` (one worker, the default model unless --model), streams
 (`ignore_eos`, so every request makes all of them), and reads every thread of the API
 process and of its worker from /proc before and after: CPU ms, voluntary and involuntary
 context switches, per generated token (counted from the usage, so `--stream-interval N`,
-which runs the server with `scheduler.stream_interval` N, is comparable). Linux only.
+which runs the server with `scheduler.stream_interval` N, is comparable). `--collect`
+sends the same requests unstreamed (`stream: false`; the worker then sends their tokens
+every 0.25 s, docs/scheduling.md). Linux only.
 
 On a machine whose cores llama.cpp's threads fill, every wake-up of another thread
 preempts a decode thread: the worker's `invol/token` (its llama.cpp threads preempted)
@@ -15,6 +17,7 @@ channel").
 Usage:
     .venv/bin/python bench/stream_cost.py                      # SmolLM2, 6 × 128 tokens
     .venv/bin/python bench/stream_cost.py --model PATH --requests 4 --json out.json
+    .venv/bin/python bench/stream_cost.py --collect --requests 8  # unstreamed
     PYTHONPATH=/path/to/other/checkout/src .venv/bin/python bench/stream_cost.py  # A/B
 """
 
@@ -119,6 +122,13 @@ def stream(client: httpx.Client, url: str, body: dict[str, object]) -> tuple[int
     return tokens, events
 
 
+def collect(client: httpx.Client, url: str, body: dict[str, object]) -> tuple[int, int]:
+    """One unstreamed completion: (tokens generated, 0 events)."""
+    response = client.post(url, json={**body, "stream": False, "stream_options": None})
+    response.raise_for_status()
+    return int(response.json()["usage"]["completion_tokens"]), 0
+
+
 def _report(label: str, result: dict[str, object]) -> None:
     print(
         f"{label:7s} total: voluntary {result['voluntary']:.2f}  involuntary "
@@ -142,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--stream-interval", type=int, default=1, help="scheduler.stream_interval of the server"
     )
+    p.add_argument("--collect", action="store_true", help="unstreamed requests (stream: false)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    send = collect if args.collect else stream
 
     env = {
         "INFERFLUX_RUNTIME__N_THREADS": str(args.threads),
@@ -163,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             "stream_options": {"include_usage": True},
         }
         with httpx.Client(timeout=300) as client:
-            stream(client, url, {**body, "max_tokens": 8})  # warm up
+            send(client, url, {**body, "max_tokens": 8})  # warm up
             before = {pid: thread_samples(pid) for pid in (server.pid, worker)}
             started = time.perf_counter()
-            results = [stream(client, url, body) for _ in range(args.requests)]
+            results = [send(client, url, body) for _ in range(args.requests)]
             wall_s = time.perf_counter() - started
             after = {pid: thread_samples(pid) for pid in (server.pid, worker)}
     finally:

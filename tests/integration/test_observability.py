@@ -92,6 +92,39 @@ async def test_debug_requests_show_a_real_token_trace(api_client: httpx.AsyncCli
     assert all(event["text"] is None for event in detail["trace"])  # redacted by default
 
 
+async def test_an_unstreamed_answer_reaches_the_api_in_chunks(
+    api_client: httpx.AsyncClient,
+) -> None:
+    # the same greedy request collected and streamed: the same text, but the worker sends
+    # the collected one's tokens every 0.25 s (its first at once), the streamed one's as
+    # each step makes them
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    whole = await api_client.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    streamed = await api_client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert streamed.status_code == 200
+    pieces = [
+        json.loads(line[len("data: ") :])["choices"][0]["delta"].get("content") or ""
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(pieces) == whole.json()["choices"][0]["message"]["content"]
+    recent = (await api_client.get("/debug/requests")).json()["recent"]
+    traces = []
+    for newest in recent[:2]:  # newest first: the streamed one, then the collected one
+        detail = (await api_client.get(f"/debug/requests/{newest['request_id']}")).json()
+        traces.append([event["token_ids"] for event in detail["trace"]])
+    streamed_trace, collected_trace = traces
+    assert sum(map(len, collected_trace)) == sum(map(len, streamed_trace)) == 48
+    assert len(collected_trace[0]) == 1  # time to first token is not delayed
+    assert len(collected_trace) * 2 < len(streamed_trace)
+
+
 async def test_server_stats_report_throughput_and_the_prefix_cache(
     api_client: httpx.AsyncClient,
 ) -> None:

@@ -67,8 +67,10 @@ class _Generation:
         self.stream_span: trace.Span | None = None
         self.finish: FinishReason | None = None
         metrics = telemetry.metrics
-        # NOTE: the labelled children are looked up once, not at every token.
-        self.itl = metrics.itl.labels(model) if metrics is not None else None
+        # NOTE: the labelled children are looked up once, not at every token. A request
+        # nobody streams has no inter-token latency: its tokens arrive in chunks by design.
+        streamed = request.hold_s == 0
+        self.itl = metrics.itl.labels(model) if metrics is not None and streamed else None
         self.tokens = metrics.generation_tokens.labels(model) if metrics is not None else None
 
     def start_span(self, request: AddRequest) -> AddRequest:

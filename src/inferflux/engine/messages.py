@@ -148,6 +148,9 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     # worker counts its queue wait from here, so the wait for the step in flight when it
     # arrived (the worker reads its socket between steps) is queue wait too.
     sent_at: float = 0.0
+    # > 0: nobody streams this request (its client reads the whole answer at the end): the
+    # worker may merge its tokens and send them every hold_s seconds (stream_buffer.py)
+    hold_s: float = 0.0
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):

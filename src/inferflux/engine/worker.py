@@ -719,6 +719,8 @@ class _WorkerLoop:
             if isinstance(message, AddRequest):
                 rejected = self.core.add_request(message)
                 deltas.extend(rejected)
+                if message.hold_s > 0 and not rejected:
+                    self.stream.hold(message.request_id, message.hold_s)
                 if self.spans is not None and not rejected:
                     self.spans.on_added(message.request_id, message.trace_context)
             elif isinstance(message, AbortRequests):

@@ -163,7 +163,7 @@ class Metrics:
         )
         self.itl = Histogram(
             "inferflux_inter_token_latency_seconds",
-            "Time between two consecutive outputs of one request (one token per engine step)",
+            "Time between two consecutive outputs of one streamed request (one token per step)",
             labelnames=("model",),
             buckets=STEP_BUCKETS,
             registry=self.registry,

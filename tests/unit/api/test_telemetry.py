@@ -48,8 +48,8 @@ async def test_a_chat_request_is_counted_by_route_template_and_status(
     assert sample(samples, "inferflux_requests_total", **labels) == 1
     assert sample(samples, "inferflux_request_latency_seconds_count", **labels) == 1
     assert sample(samples, "inferflux_time_to_first_token_seconds_count", model="fake-model") == 1
-    # four one-token deltas: three gaps between them
-    assert sample(samples, "inferflux_inter_token_latency_seconds_count", model="fake-model") == 3
+    # nobody streamed it: its tokens come in chunks by design, no inter-token latency
+    assert sample(samples, "inferflux_inter_token_latency_seconds_count", model="fake-model") == 0
     assert sample(samples, "inferflux_generation_tokens_total", model="fake-model") == 4
     assert sample(samples, "inferflux_prompt_tokens_total", model="fake-model") > 0
     reason = {"model": "fake-model", "finish_reason": "stop"}
@@ -66,6 +66,8 @@ async def test_streamed_tokens_and_cache_hits_are_counted(
     samples = await scrape(client)
     assert sample(samples, "inferflux_stream_tokens_total", model="fake-model") == 4
     assert sample(samples, "inferflux_stream_cache_hits_total", model="fake-model") == 1
+    # four one-token deltas: three gaps between them
+    assert sample(samples, "inferflux_inter_token_latency_seconds_count", model="fake-model") == 3
 
 
 async def test_unknown_paths_and_rejected_bodies_keep_labels_bounded(

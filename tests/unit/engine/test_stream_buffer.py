@@ -94,3 +94,43 @@ def test_merge_concatenates_logprobs_and_keeps_the_first_prompt_logprobs() -> No
     assert [lp.token_id for lp in merged.logprobs] == [1, 2]
     assert merged.prompt_logprobs == first.prompt_logprobs
     assert merge_deltas(_token("a", 1), _token("a", 2)).logprobs is None
+
+
+def test_a_held_request_sends_its_first_token_then_what_each_hold_gathered() -> None:
+    buffer = StreamBuffer(1)
+    buffer.hold("a", 0.25)
+    sent = [buffer.take([_token("a", n)], now=0.1 * n) for n in range(1, 9)]
+    assert [[d.token_ids for d in step] for step in sent] == [
+        [[1]],  # at once: time to first token, and the API opens the response on it
+        [],  # t=0.2: held until 0.45
+        [],
+        [],
+        [[2, 3, 4, 5]],  # t=0.5
+        [],  # t=0.6: held until 0.85
+        [],
+        [],
+    ]
+    (last,) = buffer.take([_finish(_token("a", 9))], now=0.9)
+    assert last.token_ids == [6, 7, 8, 9] and last.finish_reason is FinishReason.LENGTH
+    assert buffer.num_held == 0
+    # the finish ended the hold: a later request with the same id streams
+    assert buffer.take([_token("a", 1)], now=1.0)[0].token_ids == [1]
+    assert buffer.take([_token("a", 2)], now=1.1)[0].token_ids == [2]
+
+
+def test_a_paused_held_request_sends_its_tokens_by_their_time() -> None:
+    buffer = StreamBuffer(1)
+    buffer.hold("a", 0.25)
+    buffer.take([_token("a", 1)], now=0.0)
+    assert buffer.take([_token("a", 2)], now=0.1) == []
+    assert buffer.take([], now=0.3) == []  # preempted: no delta this step, not due yet
+    (late,) = buffer.take([], now=0.4)
+    assert late.token_ids == [2] and buffer.num_held == 0
+
+
+def test_a_streamed_request_beside_a_held_one_is_untouched() -> None:
+    buffer = StreamBuffer(1)
+    buffer.hold("collected", 0.25)
+    buffer.take([_token("collected", 1), _token("streamed", 1)], now=0.0)
+    out = buffer.take([_token("collected", 2), _token("streamed", 2)], now=0.1)
+    assert [(d.request_id, d.token_ids) for d in out] == [("streamed", [2])]

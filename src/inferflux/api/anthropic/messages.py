@@ -56,6 +56,7 @@ def messages_spec(body: MessagesRequest, serving: ServingState) -> GenerationSpe
         max_tokens=body.max_tokens,
         priority=body.engine_priority(),
         output=body.output_spec(),
+        stream=bool(body.stream),
     )
 
 

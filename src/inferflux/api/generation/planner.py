@@ -51,6 +51,10 @@ from inferflux.security.rbac import authorize_model
 
 _THREAD_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # choices' seeds: spread apart, reproducible
+# a request nobody streams: its tokens reach the API process in chunks this far apart
+# (stream_buffer.py), not a message per step; one wake-up of the API process per token
+# cost the worker 5-7% of a single stream's tok/s (BENCHMARKS.md, "stream_interval")
+COLLECT_HOLD_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,7 @@ class Planner:
                     sampling=choice_sampling,
                     priority=spec.priority,
                     images=images,
+                    hold_s=0.0 if spec.stream else COLLECT_HOLD_S,
                 )
                 choices.append(Choice(index, prompt_index, request))
         return choices

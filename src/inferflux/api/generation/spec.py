@@ -91,7 +91,9 @@ class GenerationSpec:
     constraint. `max_tokens` None means "what the context leaves"; with
     `clamp_max_tokens` a limit the context cannot hold is lowered to what it leaves
     (Ollama), otherwise it is a 400 (OpenAI). `id_prefix` starts the response id;
-    `prompt_param` names the prompt's field in errors.
+    `prompt_param` names the prompt's field in errors. `stream` False: the client reads
+    the whole answer at the end, so the worker sends its tokens in chunks
+    (`AddRequest.hold_s`).
     """
 
     id_prefix: str
@@ -103,3 +105,4 @@ class GenerationSpec:
     clamp_max_tokens: bool = False
     priority: Priority = Priority.NORMAL
     output: OutputSpec | None = None
+    stream: bool = True

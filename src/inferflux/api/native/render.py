@@ -59,6 +59,7 @@ def native_spec(
         prompt_param=param,
         max_tokens=body.max_tokens,
         priority=body.priority,
+        stream=body.stream,
     )
 
 

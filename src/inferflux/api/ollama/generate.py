@@ -111,6 +111,7 @@ def ollama_spec(
         clamp_max_tokens=True,
         priority=body.engine_priority(),
         output=format_output(body.format),
+        stream=body.streaming(),
     )
 
 

@@ -353,6 +353,7 @@ class GenerationRequest(_Strict, SamplerOptions):
             max_tokens=self.requested_max_tokens(),
             priority=self.engine_priority(),
             output=self.output_spec(),
+            stream=bool(self.stream),
         )
 
     def output_spec(self) -> OutputSpec | None:

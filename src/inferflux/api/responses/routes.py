@@ -106,6 +106,7 @@ def responses_spec(
         max_tokens=body.max_output_tokens,
         priority=body.engine_priority(),
         output=body.output_spec(),
+        stream=bool(body.stream),
     )
 
 
