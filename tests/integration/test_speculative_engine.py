@@ -74,14 +74,17 @@ class Model:
             text = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
         return self.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
-    def run(self, asks: list[str], **sampling: object) -> dict[str, list[RequestDelta]]:
-        """Run these asks together (one request each, ids q0, q1, ...) to the end."""
+    def run(
+        self, asks: list[str], hold_s: float = 0.0, **sampling: object
+    ) -> dict[str, list[RequestDelta]]:
+        """Run these asks together (one request each, ids q0, q1, ...) to the end;
+        `hold_s` > 0: as requests nobody streams."""
         sampling.setdefault("temperature", 0.0)
         sampling.setdefault("max_tokens", 40)
         for i, ask in enumerate(asks):
             params = SamplingParams(**sampling)  # type: ignore[arg-type]
             message = AddRequest(
-                request_id=f"q{i}", prompt_token_ids=self.chat(ask), sampling=params
+                request_id=f"q{i}", prompt_token_ids=self.chat(ask), sampling=params, hold_s=hold_s
             )
             assert self.core.add_request(message) == []
         deltas: dict[str, list[RequestDelta]] = {}
@@ -317,3 +320,22 @@ def test_the_row_costs_are_measured_at_start_for_the_model(request, model_key) -
         assert deltas[-1].finish_reason is not None and deltas[-1].error is None
     finally:
         model.close()
+
+
+def test_a_stall_free_target_bounds_the_drafts_of_streamed_requests_only(model: Model) -> None:
+    # itl_target_ratio 1: a step may cost no more than its decode rows alone, and rows
+    # are priced (a second one at 0.2 of a step), so a streamed request gets no draft;
+    # one nobody streams (stream: false) is not bounded
+    scheduler, speculator = model.core.scheduler, model.core.speculator
+    assert speculator is not None
+    saved = scheduler.policy, speculator.config
+    scheduler.policy = dataclasses.replace(saved[0], itl_target_ratio=1.0)
+    speculator.config = dataclasses.replace(saved[1], cost=StepCost(0.2, 0.1))
+    try:
+        streamed = model.run([ASKS[0]])["q0"]
+        collected = model.run([ASKS[0]], hold_s=0.25)["q0"]
+    finally:
+        scheduler.policy, speculator.config = saved
+    assert streamed[-1].num_draft_tokens == 0
+    assert collected[-1].num_draft_tokens > 0 and collected[-1].num_draft_accepted > 0
+    assert tokens(collected) == tokens(streamed)  # greedy: the same answer either way

@@ -199,8 +199,8 @@ class EngineCore:
             max_tokens=prepared.max_tokens if prepared else message.sampling.max_tokens,
             priority=_PRIORITY_CLASS[message.priority],
             cache_namespace=message.cache_namespace,
-            # Prompt logprobs need every prompt position computed.
-            use_prefix_cache=message.sampling.prompt_logprobs is None,
+            use_prefix_cache=message.sampling.prompt_logprobs is None,  # prompt logprobs
+            streamed=message.hold_s == 0,
             image_spans=prepared.image_spans if prepared else (),
             arrival_at=arrival_at(message.sent_at),
         )

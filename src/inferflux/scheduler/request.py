@@ -58,6 +58,9 @@ class Request:
     # disaggregated mode, decode side: the KV of this many prompt tokens arrives in a
     # hand-off ticket, hydrated at admission (KvHydrate) instead of computed; 0 = none
     ticket_tokens: int = 0
+    # False: nobody reads its tokens before its end (AddRequest.hold_s), so stall-free
+    # targets (scheduler.itl_target_*) do not hold prompts or drafts back for it
+    streamed: bool = True
 
     @property
     def started(self) -> bool:

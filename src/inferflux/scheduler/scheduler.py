@@ -14,7 +14,8 @@ prefilled get chunks, then waiting requests are admitted while a sequence slot, 
 and KV cells remain. A request's computed-token count catches up with its length.
 
 Stall-free steps. With `itl_target_s` (or `itl_target_ratio`, a multiple of the step's
-decode rows alone) set and sequences decoding, the prompt tokens of a step are capped so
+decode rows alone) set and streamed sequences decoding (`Request.streamed`: a collected
+request's tokens wait for its end anyway), the prompt tokens of a step are capped so
 that its expected time (`StepCostModel`, learned from every step) stays under the
 target: a long prompt is prefilled over several short steps instead of freezing every
 stream for one long step (Sarathi-Serve's stall-free batching). Prompts still progress
@@ -299,7 +300,7 @@ class Scheduler:
         if aside and self._burst_since is None:
             self._burst_since = now
         decoding = len(chunks)
-        share = self._prompt_share(decoding, prefilling)
+        share = self._prompt_share(self._step_target_s(chunks, decoding), decoding, prefilling)
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and self._high_traffic_at(now):
             share = min(share, guard)
@@ -315,9 +316,9 @@ class Scheduler:
         chunks.extend(prompts)
         budget -= allowance.taken
         if self.draft_proposer is not None:
-            budget = attach_drafts(
-                chunks, self.draft_proposer, budget, self._draft_cost_bound(decoding, allowance)
-            )
+            target_s = self._step_target_s(chunks, decoding)
+            max_cost = self._draft_cost_bound(target_s, decoding, allowance.taken)
+            budget = attach_drafts(chunks, self.draft_proposer, budget, max_cost)
         return SchedulerOutput(
             chunks=chunks,
             num_tokens=self.max_batch_tokens - budget,
@@ -477,13 +478,11 @@ class Scheduler:
             high = [self.queues[PriorityClass.HIGH][0]]
         return any(r.num_prompt_tokens - r.num_computed_tokens <= budget for r in high)
 
-    def _prompt_share(self, decoding: int, prefilling: list[Request]) -> int:
-        """Prompt tokens this step may carry: under an ITL target with sequences decoding,
-        what keeps the step's expected time under the target, but at least
-        `_MIN_PROMPT_CHUNK` and at least the prompt backlog's `1 / _DRAIN_STEPS`; else
-        the whole budget. The target is the larger of `itl_target_s` and
-        `itl_target_ratio` × the decode rows' expected time."""
-        target_s = self._step_target_s(decoding)
+    def _prompt_share(self, target_s: float, decoding: int, prefilling: list[Request]) -> int:
+        """Prompt tokens this step may carry: under an ITL target (`_step_target_s`) with
+        sequences decoding, what keeps the step's expected time under the target, but at
+        least `_MIN_PROMPT_CHUNK` and at least the prompt backlog's `1 / _DRAIN_STEPS`;
+        else the whole budget."""
         if target_s <= 0 or decoding == 0:
             return self.max_batch_tokens
         budget = self.step_cost.prompt_budget(decoding, target_s)
@@ -491,29 +490,34 @@ class Scheduler:
             budget = max(budget, -(-self._prompt_backlog(prefilling) // _DRAIN_STEPS))
         return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
 
-    def _step_target_s(self, decoding: int) -> float:
-        """The stall-free target for a step with `decoding` sequences (0 = none): the
-        larger of `itl_target_s` and `itl_target_ratio` × the decode rows' expected time."""
+    def _step_target_s(self, chunks: list[ScheduledChunk], decoding: int) -> float:
+        """The stall-free target of a step whose first `decoding` chunks are its decode rows
+        (0 = none): the larger of `itl_target_s` and `itl_target_ratio` × the decode rows'
+        expected time, when one of them is streamed; a collected request (`stream: false`)
+        reads nothing before its end, so a step of those alone takes the whole budget."""
         policy = self.policy
+        if policy.itl_target_s <= 0 and policy.itl_target_ratio <= 0:
+            return 0.0
+        if not any(chunk.request.streamed for chunk in chunks[:decoding]):
+            return 0.0
         target_s = policy.itl_target_s
-        if policy.itl_target_ratio > 0 and decoding:
+        if policy.itl_target_ratio > 0:
             decode_s = self.step_cost.predict_s(decoding, 0)
             target_s = max(target_s, policy.itl_target_ratio * decode_s)
         return target_s
 
-    def _draft_cost_bound(self, decoding: int, allowance: _PromptAllowance) -> float:
+    def _draft_cost_bound(self, target_s: float, decoding: int, taken: int) -> float:
         """Under a stall-free target, how many times the cost of its decode rows alone a
-        step may reach with its drafts (1: none, when prompt tokens already use the
-        step's time); else 0 (no bound). A verification step makes the streams' next
+        step may reach with its drafts (1: none, when `taken` prompt tokens already use
+        the step's time); else 0 (no bound). A verification step makes the streams' next
         token wait just as a prompt chunk does: at c = 1 a 12-token draft of SmolLM2
         takes about 7 one-row steps, the stream's ITL p99."""
-        target_s = self._step_target_s(decoding)
         if target_s <= 0 or decoding == 0:
             return 0.0  # no target: nothing more to compute on this path (every step)
         decode_s = self.step_cost.predict_s(decoding, 0)
         if decode_s <= 0:
             return 0.0
-        if allowance.taken:
+        if taken:
             return 1.0
         return max(1.0, target_s / decode_s)
 

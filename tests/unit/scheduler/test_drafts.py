@@ -87,3 +87,20 @@ def test_a_stall_free_target_bounds_the_drafts_step_by_its_decode_rows() -> None
     scheduler.policy = SchedulingPolicy()
     decode_one(scheduler)
     assert proposer.max_costs[-1] == 0.0  # no target: the goodput gate alone
+
+
+def test_a_collected_requests_drafts_are_not_bounded_by_the_target() -> None:
+    scheduler = Scheduler(
+        max_num_seqs=2,
+        max_batch_tokens=64,
+        kv_capacity=None,
+        policy=SchedulingPolicy(itl_target_ratio=3.0),
+    )
+    proposer = FakeProposer([1, 2, 3])
+    scheduler.draft_proposer = proposer
+    collected = make_request("a", 4, max_tokens=40)
+    collected.streamed = False  # stream: false: its tokens wait for its end anyway
+    scheduler.add(collected)
+    decode_one(scheduler)
+    decode_one(scheduler)
+    assert proposer.max_costs[-1] == 0.0  # the goodput gate alone

@@ -91,6 +91,22 @@ def test_under_a_target_a_long_prompt_is_prefilled_in_steps_that_fit_it() -> Non
     assert long.num_computed_tokens == 360
 
 
+def test_a_target_protects_streamed_sequences_only() -> None:
+    # four collected requests decode (stream: false): nobody reads a token before their
+    # end, so a long prompt beside them takes the whole budget, as with no target
+    sched = _decoding_scheduler(0.150)
+    for request in sched.running:
+        request.streamed = False
+    sched.add(make_request("long", 2000))
+    out = sched.schedule()
+    assert [len(c.token_ids) for c in out.chunks] == [1, 1, 1, 1, 508]
+    complete(out)
+    # one streamed request among them: the step is held to the target again
+    sched.running[0].streamed = True
+    out = sched.schedule()
+    assert [len(c.token_ids) for c in out.chunks] == [1, 1, 1, 1, 120]
+
+
 def test_a_high_priority_prompt_is_not_capped_and_the_others_stand_aside() -> None:
     sched = _decoding_scheduler(0.150)
     high = make_request("high", 2000)
