@@ -18,6 +18,7 @@ Usage:
     .venv/bin/python bench/stream_cost.py                      # SmolLM2, 6 × 128 tokens
     .venv/bin/python bench/stream_cost.py --model PATH --requests 4 --json out.json
     .venv/bin/python bench/stream_cost.py --collect --requests 8  # unstreamed
+    .venv/bin/python bench/stream_cost.py --collect --requests 16 --clients 4  # c = 4
     PYTHONPATH=/path/to/other/checkout/src .venv/bin/python bench/stream_cost.py  # A/B
 """
 
@@ -28,6 +29,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "--stream-interval", type=int, default=1, help="scheduler.stream_interval of the server"
     )
     p.add_argument("--collect", action="store_true", help="unstreamed requests (stream: false)")
+    p.add_argument("--clients", type=int, default=1, help="requests in flight at once")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     send = collect if args.collect else stream
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             send(client, url, {**body, "max_tokens": 8})  # warm up
             before = {pid: thread_samples(pid) for pid in (server.pid, worker)}
             started = time.perf_counter()
-            results = [send(client, url, body) for _ in range(args.requests)]
+            with ThreadPoolExecutor(args.clients) as pool:
+                results = list(pool.map(lambda _: send(client, url, body), range(args.requests)))
             wall_s = time.perf_counter() - started
             after = {pid: thread_samples(pid) for pid in (server.pid, worker)}
     finally:
