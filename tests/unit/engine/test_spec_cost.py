@@ -56,12 +56,17 @@ def _sampler() -> SamplerHandle:
     return cast(SamplerHandle, object())  # the fake samples nothing
 
 
+def _calibrate(monkeypatch: pytest.MonkeyPatch, backend: FakeBackend) -> StepCost:
+    """`backend`'s calibration, without a record, on its fake clock."""
+    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
+    return spec_cost.calibrated_step_cost(backend, 7, _sampler, None, "k")
+
+
 def test_the_calibration_prices_every_row_count_from_the_widths_it_measured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     backend = FakeBackend(n_ctx_per_seq=4096)
-    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
-    cost = spec_cost.calibrated_step_cost(backend, 7, _sampler, None, "k")
+    cost = _calibrate(monkeypatch, backend)
     assert sorted(set(backend.widths)) == [*range(1, 9), 16, 32]
     one = _sawtooth(1)
     for rows in (*range(1, 9), 12, 13, 16, 31, 32):  # measured, or modelled exactly
@@ -100,8 +105,7 @@ def test_a_burst_over_some_one_row_steps_still_prices_a_second_row_above_one(
     # fastest one-row step of the rest is the denominator (when each pass timed it once,
     # two slow samples priced two rows at one)
     backend = FakeBurstyBackend(last=14)
-    monkeypatch.setattr(spec_cost, "time", SimpleNamespace(perf_counter=lambda: backend.now))
-    cost = spec_cost.calibrated_step_cost(backend, 7, _sampler, None, "k")
+    cost = _calibrate(monkeypatch, backend)
     assert backend.one_row_steps > 14
     assert cost.second_row == pytest.approx(_sawtooth(2) / _sawtooth(1) - 1.0, abs=1e-3)
     assert cost(8) == pytest.approx(_sawtooth(8) / _sawtooth(1), abs=1e-3)

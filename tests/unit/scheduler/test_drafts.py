@@ -68,15 +68,21 @@ def test_without_a_proposer_nothing_is_drafted() -> None:
     assert decode_one(scheduler) == [("a", 1, ())]
 
 
-def test_a_stall_free_target_bounds_the_drafts_step_by_its_decode_rows() -> None:
+def _targeted(proposer: FakeProposer) -> Scheduler:
+    """A scheduler under a stall-free target (3× the decode rows) drafting with `proposer`."""
     scheduler = Scheduler(
         max_num_seqs=2,
         max_batch_tokens=64,
         kv_capacity=None,
         policy=SchedulingPolicy(itl_target_ratio=3.0),
     )
-    proposer = FakeProposer([1, 2, 3])
     scheduler.draft_proposer = proposer
+    return scheduler
+
+
+def test_a_stall_free_target_bounds_the_drafts_step_by_its_decode_rows() -> None:
+    proposer = FakeProposer([1, 2, 3])
+    scheduler = _targeted(proposer)
     scheduler.add(make_request("a", 4, max_tokens=40))
     decode_one(scheduler)  # prefill: nothing decodes, no bound
     decode_one(scheduler)
@@ -90,14 +96,8 @@ def test_a_stall_free_target_bounds_the_drafts_step_by_its_decode_rows() -> None
 
 
 def test_a_collected_requests_drafts_are_not_bounded_by_the_target() -> None:
-    scheduler = Scheduler(
-        max_num_seqs=2,
-        max_batch_tokens=64,
-        kv_capacity=None,
-        policy=SchedulingPolicy(itl_target_ratio=3.0),
-    )
     proposer = FakeProposer([1, 2, 3])
-    scheduler.draft_proposer = proposer
+    scheduler = _targeted(proposer)
     collected = make_request("a", 4, max_tokens=40)
     collected.streamed = False  # stream: false: its tokens wait for its end anyway
     scheduler.add(collected)
