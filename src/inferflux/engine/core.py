@@ -199,7 +199,7 @@ class EngineCore:
             max_tokens=prepared.max_tokens if prepared else message.sampling.max_tokens,
             priority=_PRIORITY_CLASS[message.priority],
             cache_namespace=message.cache_namespace,
-            use_prefix_cache=message.sampling.prompt_logprobs is None,  # prompt logprobs
+            use_prefix_cache=message.sampling.prompt_logprobs is None,  # logprobs: all positions
             streamed=message.hold_s == 0,
             image_spans=prepared.image_spans if prepared else (),
             arrival_at=arrival_at(message.sent_at),
