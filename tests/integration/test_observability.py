@@ -108,16 +108,16 @@ async def test_an_unstreamed_answer_reaches_the_api_in_chunks(
     assert whole.status_code == 200, whole.text
     streamed = await api_client.post("/v1/chat/completions", json={**body, "stream": True})
     assert streamed.status_code == 200
-    pieces = [
-        json.loads(line[len("data: ") :])["choices"][0]["delta"].get("content") or ""
+    chunks = [
+        json.loads(line[len("data: ") :])
         for line in streamed.text.splitlines()
         if line.startswith("data: {")
     ]
+    pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks]
     assert "".join(pieces) == whole.json()["choices"][0]["message"]["content"]
-    recent = (await api_client.get("/debug/requests")).json()["recent"]
     traces = []
-    for newest in recent[:2]:  # newest first: the streamed one, then the collected one
-        detail = (await api_client.get(f"/debug/requests/{newest['request_id']}")).json()
+    for request_id in (chunks[0]["id"], whole.json()["id"]):  # live or finished, by id
+        detail = (await api_client.get(f"/debug/requests/{request_id}")).json()
         traces.append([event["token_ids"] for event in detail["trace"]])
     streamed_trace, collected_trace = traces
     assert sum(map(len, collected_trace)) == sum(map(len, streamed_trace)) == 48

@@ -406,7 +406,8 @@ class SchedulerSettings(_Section):
         "only the prompt tokens that keep its expected time (learned from measured steps) "
         "under this many ms, so a long prompt being admitted no longer freezes every "
         "stream for one long step; a high-priority prompt is never capped, and "
-        "with nothing decoding a prompt takes the whole max_batch_tokens. 0 = off (every "
+        "with nothing decoding (or only requests nobody streams, `stream: false`) a prompt "
+        "takes the whole max_batch_tokens. 0 = off (every "
         "step may fill max_batch_tokens: best TTFT, worst inter-token latency).",
     )
     itl_target_ratio: float = Field(
