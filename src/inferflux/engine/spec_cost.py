@@ -131,10 +131,12 @@ def measure_step_times(
         runs: dict[int, list[float]] = {rows: [] for rows in widths}
         for rep in range(_REPS + 1):
             for rows in widths:
-                timed = [step(1), step(rows)] if rows != 1 else [step(1)]
+                timed = {1: step(1)}
+                if rows != 1:
+                    timed[rows] = step(rows)
                 if rep:  # the first pass warms up
-                    runs[1].append(timed[0])
-                    runs[rows].append(timed[-1])
+                    for n, seconds in timed.items():
+                        runs[n].append(seconds)
         return {rows: min(r) for rows, r in runs.items()}
     finally:
         backend.free_seq(seq_id)

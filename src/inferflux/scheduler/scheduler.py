@@ -299,8 +299,8 @@ class Scheduler:
         budget = self._decode_rows(rows, chunks, budget)
         if aside and self._burst_since is None:
             self._burst_since = now
-        decoding = len(chunks)
-        share = self._prompt_share(self._step_target_s(chunks, decoding), decoding, prefilling)
+        decoding, target_s = len(chunks), self._step_target_s(chunks)
+        share = self._prompt_share(target_s, decoding, prefilling)
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and self._high_traffic_at(now):
             share = min(share, guard)
@@ -312,11 +312,10 @@ class Scheduler:
         if aside and not prompts:  # nothing to stand aside for after all
             self._burst_since = None
             budget = self._decode_rows(aside, chunks, budget)
-            decoding = len(chunks)
+            decoding, target_s = len(chunks), self._step_target_s(chunks)
         chunks.extend(prompts)
         budget -= allowance.taken
         if self.draft_proposer is not None:
-            target_s = self._step_target_s(chunks, decoding)
             max_cost = self._draft_cost_bound(target_s, decoding, allowance.taken)
             budget = attach_drafts(chunks, self.draft_proposer, budget, max_cost)
         return SchedulerOutput(
@@ -490,19 +489,19 @@ class Scheduler:
             budget = max(budget, -(-self._prompt_backlog(prefilling) // _DRAIN_STEPS))
         return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
 
-    def _step_target_s(self, chunks: list[ScheduledChunk], decoding: int) -> float:
-        """The stall-free target of a step whose first `decoding` chunks are its decode rows
-        (0 = none): the larger of `itl_target_s` and `itl_target_ratio` × the decode rows'
-        expected time, when one of them is streamed; a collected request (`stream: false`)
-        reads nothing before its end, so a step of those alone takes the whole budget."""
+    def _step_target_s(self, rows: list[ScheduledChunk]) -> float:
+        """The stall-free target of a step whose decode rows are `rows` (0 = none): the
+        larger of `itl_target_s` and `itl_target_ratio` × the rows' expected time, when
+        one of them is streamed; a collected request (`stream: false`) reads nothing
+        before its end, so a step of those alone takes the whole budget."""
         policy = self.policy
         if policy.itl_target_s <= 0 and policy.itl_target_ratio <= 0:
             return 0.0
-        if not any(chunk.request.streamed for chunk in chunks[:decoding]):
+        if not any(chunk.request.streamed for chunk in rows):
             return 0.0
         target_s = policy.itl_target_s
         if policy.itl_target_ratio > 0:
-            decode_s = self.step_cost.predict_s(decoding, 0)
+            decode_s = self.step_cost.predict_s(len(rows), 0)
             target_s = max(target_s, policy.itl_target_ratio * decode_s)
         return target_s
 
