@@ -30,9 +30,9 @@ from inferflux.config import load_settings
 from inferflux.engine.backends.llama_cpp import LlamaTokenizer
 from inferflux.engine.chat_template import ChatTemplate
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import build_engine_core, worker_config
 from inferflux.engine.messages import AddRequest, SamplingParams
 from inferflux.engine.protocol import ModelInfo
-from inferflux.engine.worker import build_engine_core, worker_config
 from inferflux.models.files import load_served_model
 from serve_load import LoadConfig, RequestResult, format_table, level_report, parse_levels
 from workload import make_prompts

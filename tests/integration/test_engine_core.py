@@ -14,8 +14,8 @@ import pytest
 from inferflux.config.settings import ObservabilitySettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import WorkerConfig, build_engine_core
 from inferflux.engine.messages import AddRequest, FinishReason, RequestDelta, SamplingParams
-from inferflux.engine.worker import WorkerConfig, build_engine_core
 
 pytestmark = pytest.mark.model
 

@@ -22,9 +22,9 @@ from inferflux.config.kv_settings import KvPersistenceSettings, NvmeOffloadSetti
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import WorkerConfig, build_engine_core
 from inferflux.engine.kv_disk import MANIFEST
 from inferflux.engine.messages import AddRequest, SamplingParams
-from inferflux.engine.worker import WorkerConfig, build_engine_core
 from tests.integration.server_process import ServerProcess
 
 pytestmark = pytest.mark.model

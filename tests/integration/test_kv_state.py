@@ -20,9 +20,9 @@ from inferflux.config.kv_settings import NvmeOffloadSettings, PagedKvSettings
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import WorkerConfig, build_engine_core
 from inferflux.engine.kv_state import BlobHeader, KvStateRefused, decode_blob, encode_blob
 from inferflux.engine.messages import AddRequest, SamplingParams
-from inferflux.engine.worker import WorkerConfig, build_engine_core
 
 pytestmark = pytest.mark.model
 

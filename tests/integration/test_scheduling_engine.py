@@ -16,6 +16,7 @@ import pytest
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import WorkerConfig, build_engine_core
 from inferflux.engine.messages import (
     AddRequest,
     FinishReason,
@@ -24,7 +25,6 @@ from inferflux.engine.messages import (
     SamplingParams,
     TokenLogprob,
 )
-from inferflux.engine.worker import WorkerConfig, build_engine_core
 from inferflux.scheduler import RequestId
 from inferflux.scheduler import scheduler as scheduler_module
 from inferflux.scheduler.request import KvOp

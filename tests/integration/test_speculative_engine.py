@@ -17,6 +17,7 @@ import pytest
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaTokenizer
 from inferflux.engine.core import EngineCore
+from inferflux.engine.engine_build import WorkerConfig, build_engine_core
 from inferflux.engine.grammar import ConstraintCompiler
 from inferflux.engine.messages import (
     AddRequest,
@@ -26,7 +27,6 @@ from inferflux.engine.messages import (
     SamplingParams,
 )
 from inferflux.engine.speculative import SpecConfig, StepCost
-from inferflux.engine.worker import WorkerConfig, build_engine_core
 from inferflux.errors import ModelLoadError
 
 pytestmark = pytest.mark.model

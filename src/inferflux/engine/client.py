@@ -34,6 +34,7 @@ import zmq
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings, Settings
 from inferflux.engine.disagg_flow import DisaggregatedFlow
 from inferflux.engine.embed_dispatch import EmbedDispatch
+from inferflux.engine.engine_build import WorkerConfig, worker_config
 from inferflux.engine.messages import (
     AddRequest,
     EmbedResult,
@@ -59,7 +60,6 @@ from inferflux.engine.protocol import (
     WorkerStatus,
 )
 from inferflux.engine.routing import RouteRequest, WorkerLoad, make_worker_router
-from inferflux.engine.worker import WorkerConfig, worker_config
 from inferflux.engine.worker_pool import MAX_RESUBMITS, RESUBMIT_WAIT_S, PoolWorker, WorkerPool
 from inferflux.errors import (
     EngineDeadError,

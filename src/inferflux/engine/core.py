@@ -34,6 +34,7 @@ from inferflux.engine.core_stats import (
 from inferflux.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from inferflux.engine.host_memory import MemoryWatch
 from inferflux.engine.image_prep import ImagePreparer, ImagePromptError, PreparedPrompt
+from inferflux.engine.kv_apply import KvApplier
 from inferflux.engine.kv_channel import Handoffs, KvChannelEnd
 from inferflux.engine.kv_offload import KvOffload
 from inferflux.engine.messages import (
@@ -59,14 +60,7 @@ from inferflux.errors import (
 )
 from inferflux.scheduler import Request, RequestId, ScheduledChunk, Scheduler
 from inferflux.scheduler.request import (
-    KvCopy,
-    KvFree,
-    KvHydrate,
-    KvKeep,
-    KvMove,
     KvOp,
-    KvRestore,
-    KvSave,
     PriorityClass,
 )
 
@@ -161,6 +155,7 @@ class EngineCore:
         self.memory = MemoryWatch()
         self.role = role
         self.handoffs = Handoffs(channel) if channel is not None else None
+        self.kv = KvApplier(backend, scheduler, kv_offload, self.handoffs)
         # set by the worker loop: a HIGH request arrived in the step (engine/step_stop.py)
         self.high_arrived: Callable[[], bool] | None = None
 
@@ -371,7 +366,7 @@ class EngineCore:
             chunks = [c for c in chunks if self._undo(c)]
             if not chunks:
                 return []
-            if isinstance(exc, KvCacheFull) and not evicted and self._evict_prefix_cache():
+            if isinstance(exc, KvCacheFull) and not evicted and self.kv.evict_prefix_cache():
                 logger.warning("%s: evicted the prefix cache, retrying the step", exc)
                 return self._run_chunks(chunks, evicted=True)
             if len(chunks) == 1:
@@ -408,30 +403,11 @@ class EngineCore:
                 "evicting the prefix cache (its host tier moves to disk)",
                 self.memory.available,
             )
-            self._evict_prefix_cache(spill=False)  # host RAM is what is short
+            self.kv.evict_prefix_cache(spill=False)  # host RAM is what is short
             if self.kv_offload is not None:
                 self.kv_offload.store.shed_host()
         elif was and not pressure:
             logger.info("memory pressure over: %s bytes available", self.memory.available)
-
-    def _evict_prefix_cache(self, *, spill: bool = True) -> bool:
-        """Free the KV of every prefix-cache entry, saving them to the host tier first
-        when there is one and `spill`; False if there was none."""
-        cache = self.scheduler.prefix_cache
-        parked = self.scheduler.drop_parked()
-        for slot in parked:
-            self.backend.free_seq(slot)
-        if cache is None or not cache.num_entries:
-            return bool(parked)
-        slots = cache.evict_all()
-        if self.kv_offload is not None:
-            if spill:
-                self.kv_offload.spill_pending()  # before the slots are freed
-            else:
-                self.kv_offload.drop_pending()
-        for slot in slots:
-            self.backend.free_seq(slot)
-        return True
 
     def _failed(self, request: Request, exc: EngineError) -> RequestDelta:
         code = exc.code if isinstance(exc, KvCacheFull) else None
@@ -465,67 +441,7 @@ class EngineCore:
         return 1 + len(chunk.draft_token_ids) if chunk.sample else 0
 
     def _apply_kv_ops(self, ops: list[KvOp]) -> set[RequestId]:
-        """Run the scheduler's KV copies and frees in order. A cache hit whose copy
-        llama.cpp refuses (a window-sized SWA cache may not keep the positions a prefix
-        needs) is not an error: the entry is dropped and the request computes its prompt
-        from the start, from the next step on. Returns those requests (this step's chunks
-        of theirs assumed the copied KV)."""
-        recompute: set[RequestId] = set()
-        if self.kv_offload is not None:
-            self.kv_offload.spill_pending()  # evicted entries, before their slots change
-        for op in ops:
-            if isinstance(op, KvFree | KvSave):
-                self._free_or_save(op)
-                continue
-            if isinstance(op, KvRestore | KvHydrate):
-                done = self._load_kv(op)  # logged why not
-            elif isinstance(op, KvMove):  # a parked prefix, where no gap is left
-                done = self._move_kv(op)
-            elif isinstance(op, KvKeep):  # a parked prefix continued in place
-                done = self.backend.keep_seq(op.seq_id, op.n_tokens)
-                if not done:
-                    logger.warning(
-                        "reusing the parked prefix of %s failed; computing its prompt instead",
-                        op.request.request_id,
-                    )
-                    self.backend.free_seq(op.seq_id)
-            else:
-                done = self._copy_kv(op)
-            if not done and op.request is not None:
-                self.scheduler.cache_copy_failed(op.request)
-                recompute.add(op.request.request_id)
-        return recompute
-
-    def _free_or_save(self, op: KvFree | KvSave) -> None:
-        if isinstance(op, KvFree):
-            self.backend.free_seq(op.seq_id)
-        elif self.kv_offload is not None:
-            self.kv_offload.save_parked(op.seq_id, op.namespace, op.token_ids)
-
-    def _move_kv(self, op: KvMove) -> bool:
-        """Serialize the prefix parked in `op.src` into `op.dst` (cut to `op.n_tokens`):
-        costs what its tokens hold, where a copy across KV streams moves every cell."""
-        moved = self.backend.load_seq(op.dst, self.backend.save_seq(op.src), op.n_tokens)
-        if not moved:
-            logger.warning("moving the parked prefix of %s failed", op.request.request_id)
-        return moved
-
-    def _copy_kv(self, op: KvCopy) -> bool:
-        """A prefix-cache copy (a hit's, or an insert's); a refused one drops its entry."""
-        if self.backend.copy_seq(op.src, op.dst, op.n_tokens):
-            return True
-        cache = self.scheduler.prefix_cache
-        if op.request is not None:
-            logger.warning(
-                "prefix-cache copy into %s failed; computing its prompt instead",
-                op.request.request_id,
-            )
-            self.backend.free_seq(op.dst)
-            if cache is not None:
-                cache.remove(op.src)
-        elif cache is not None:
-            cache.remove(op.dst)
-        return False
+        return self.kv.apply(ops)  # (kv_apply.py) one method, so a test can wrap it
 
     def _timed_out(self, request: Request) -> RequestDelta:
         self._recorder.on_finished(request, FinishReason.TIMEOUT)
@@ -565,27 +481,6 @@ class EngineCore:
             if held:  # the step loop runs this every step: no spill check when none finished
                 self._apply_kv_ops(held)
         return deltas
-
-    def _load_kv(self, op: KvRestore | KvHydrate) -> bool:
-        """Load a lower-tier cache entry or a hand-off ticket into the op's sequence."""
-        if isinstance(op, KvRestore):
-            tokens = op.request.prompt_token_ids + op.request.output_token_ids
-            return self.kv_offload is not None and self.kv_offload.restore(
-                op.key, op.dst, op.n_tokens, op.request.cache_namespace, tokens
-            )
-        request = op.request
-        if self.handoffs is None:
-            return False
-        ticket = self.handoffs.hydrate(
-            request.request_id,
-            op.dst,
-            request.prompt_token_ids[: op.n_tokens],
-            request.cache_namespace,
-        )
-        if ticket is None:
-            return False
-        request.num_cached_tokens = ticket.num_cached_tokens  # the prefill worker's hit
-        return True
 
     def _hand_off(self, request: Request, seq_id: int) -> RequestDelta:
         """Prefill side: the prompt but its last token is computed: write the KV ticket

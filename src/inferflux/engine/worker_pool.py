@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import zmq
 
 from inferflux.engine.backends.offload import CrashHistory
+from inferflux.engine.engine_build import WorkerConfig
 from inferflux.engine.frames import FrameReader
 from inferflux.engine.messages import AbortRequests, EngineStats, Shutdown, encode
-from inferflux.engine.worker import WorkerConfig, run_worker, worker_process_main
+from inferflux.engine.worker import run_worker, worker_process_main
 from inferflux.engine.worker_health import WorkerHealth
 from inferflux.errors import EngineDeadError
 

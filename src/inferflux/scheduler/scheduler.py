@@ -19,8 +19,8 @@ request's tokens wait for its end anyway), the prompt tokens of a step are cappe
 that its expected time (`StepCostModel`, learned from every step) stays under the
 target: a long prompt is prefilled over several short steps instead of freezing every
 stream for one long step (Sarathi-Serve's stall-free batching). Prompts still progress
-by at least `_MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt takes
-the whole budget.
+by at least `MIN_PROMPT_CHUNK` tokens a step, and with nothing decoding a prompt takes
+the whole budget (stall_free.py).
 
 Prompt bursts. With `burst_stall_s` and no stall-free target, the streams below the HIGH
 class stand aside while prompts are prefilled (up to `burst_stall_s`), so each pauses once
@@ -41,7 +41,7 @@ and with `high_prefill_alone` the step that ends it carries nothing of lower cla
 either, decode rows or prompt chunks: that step is as short as it can be, and its first
 token comes one step after it arrives (the streams wait that one step). A prompt that
 has aged to the HIGH class (below) does not stand aside in the other steps, which keeps
-the starvation bound, but beside a HIGH prompt it carries only `_MIN_PROMPT_CHUNK`
+the starvation bound, but beside a HIGH prompt it carries only `MIN_PROMPT_CHUNK`
 tokens a step: aged prompts rank ahead of a new HIGH one, and taking whole steps they
 made its first token wait (priority bench: a high request admitted at once, its first
 token after 0.77 s).
@@ -74,7 +74,6 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from inferflux.scheduler.drafts import DraftProposer, attach_drafts
 from inferflux.scheduler.lower_tiers import LowerTiers
@@ -98,48 +97,19 @@ from inferflux.scheduler.request import (
     SchedulerOutput,
     SeqId,
 )
+from inferflux.scheduler.stall_free import (
+    PromptAllowance,
+    draft_cost_bound,
+    prompt_share,
+    step_target_s,
+)
 from inferflux.scheduler.step_cost import StepCostModel
 
 _MIN_RUN_TOKENS = 16  # a resumed request runs this long before it can be preempted again
-# Under an ITL target, prompts still progress by at least this many tokens a step.
-_MIN_PROMPT_CHUNK = 16
-# Under an ITL target a step still carries 1/_DRAIN_STEPS of the prompt backlog. A cap
-# below the rate prompts arrive at grows the queue until fewer sequences decode (SmolLM2,
-# 32 streams of 220-token prompts and 128-token answers: prompts are half the work, and a
-# 2× ratio alone gave TTFT p50 18.6 s against 2.2 s uncapped, at 0.73× the tok/s). 8 steps
-# drained too fast (ITL p99 282 ms at 8 streams), 32 kept it at 121 ms (engine, measured).
-_DRAIN_STEPS = 32
 _TIMEOUT_SCAN_S = 0.1
 # A HIGH-class arrival within this many seconds caps the other prompts' chunks
 # (`high_traffic_chunk_tokens`).
 _HIGH_TRAFFIC_S = 30.0
-
-
-@dataclass(slots=True)
-class _PromptAllowance:
-    """The prompt tokens one step may still carry: all of the remaining budget for a
-    HIGH-class prompt; in a step that ends a HIGH prompt (`alone`), none for any other;
-    while `high_first`, none for a prompt below the HIGH class (`rank`, aging included)
-    and `_MIN_PROMPT_CHUNK` for one aged to it; else up to `share` in all."""
-
-    budget: int
-    share: int
-    high_first: bool = False  # a HIGH prompt is prefilling or about to be admitted
-    alone: bool = False  # the step ends a HIGH prompt: lower classes stand aside
-    taken: int = 0
-
-    def limit(self, request: Request, rank: int) -> int:
-        if request.priority == PriorityClass.HIGH:
-            return max(0, self.budget - self.taken)
-        if self.alone:
-            return 0
-        if self.high_first:  # aged to HIGH: it keeps progressing, but in small chunks
-            small = min(self.budget - self.taken, _MIN_PROMPT_CHUNK)
-            return 0 if rank > PriorityClass.HIGH else max(0, small)
-        return max(0, min(self.budget, self.share) - self.taken)
-
-    def take(self, n: int) -> None:
-        self.taken += n
 
 
 class Scheduler:
@@ -299,12 +269,18 @@ class Scheduler:
         budget = self._decode_rows(rows, chunks, budget)
         if aside and self._burst_since is None:
             self._burst_since = now
-        decoding, target_s = len(chunks), self._step_target_s(chunks)
-        share = self._prompt_share(target_s, decoding, prefilling)
+        decoding, target_s = len(chunks), step_target_s(self.policy, self.step_cost, chunks)
+        share = prompt_share(
+            self.step_cost,
+            self.max_batch_tokens,
+            target_s,
+            decoding,
+            lambda: self._prompt_backlog(prefilling),
+        )
         guard = self.policy.high_traffic_chunk_tokens
         if guard > 0 and self._high_traffic_at(now):
             share = min(share, guard)
-        allowance = _PromptAllowance(budget, share, high_first, alone)
+        allowance = PromptAllowance(budget, share, high_first, alone)
         if burst:
             prompts = self._burst_chunks(prefilling, allowance, now, kv_ops)
         else:
@@ -312,11 +288,12 @@ class Scheduler:
         if aside and not prompts:  # nothing to stand aside for after all
             self._burst_since = None
             budget = self._decode_rows(aside, chunks, budget)
-            decoding, target_s = len(chunks), self._step_target_s(chunks)
+            decoding = len(chunks)
+            target_s = step_target_s(self.policy, self.step_cost, chunks)
         chunks.extend(prompts)
         budget -= allowance.taken
         if self.draft_proposer is not None:
-            max_cost = self._draft_cost_bound(target_s, decoding, allowance.taken)
+            max_cost = draft_cost_bound(self.step_cost, target_s, decoding, allowance.taken)
             budget = attach_drafts(chunks, self.draft_proposer, budget, max_cost)
         return SchedulerOutput(
             chunks=chunks,
@@ -365,7 +342,7 @@ class Scheduler:
         self.step_cost.observe(decoding, tokens, seconds)
 
     def _prompt_chunks(
-        self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
+        self, prefilling: list[Request], allowance: PromptAllowance, now: float, kv_ops: list[KvOp]
     ) -> list[ScheduledChunk]:
         """Chunks of the prompts being prefilled (HIGH first), then of admitted waiting
         requests, while `allowance` lasts."""
@@ -412,7 +389,7 @@ class Scheduler:
         return self._burst_since is None or now - self._burst_since < policy.burst_stall_s
 
     def _burst_chunks(
-        self, prefilling: list[Request], allowance: _PromptAllowance, now: float, kv_ops: list[KvOp]
+        self, prefilling: list[Request], allowance: PromptAllowance, now: float, kv_ops: list[KvOp]
     ) -> list[ScheduledChunk]:
         """A burst step's prompt chunks: every waiting request that fits is admitted
         first (in rank order), then the prompts go shortest first (those that have waited
@@ -476,49 +453,6 @@ class Scheduler:
         if not high and self.queues[PriorityClass.HIGH]:
             high = [self.queues[PriorityClass.HIGH][0]]
         return any(r.num_prompt_tokens - r.num_computed_tokens <= budget for r in high)
-
-    def _prompt_share(self, target_s: float, decoding: int, prefilling: list[Request]) -> int:
-        """Prompt tokens this step may carry: under an ITL target (`_step_target_s`) with
-        sequences decoding, what keeps the step's expected time under the target, but at
-        least `_MIN_PROMPT_CHUNK` and at least the prompt backlog's `1 / _DRAIN_STEPS`;
-        else the whole budget."""
-        if target_s <= 0 or decoding == 0:
-            return self.max_batch_tokens
-        budget = self.step_cost.prompt_budget(decoding, target_s)
-        if budget < self.max_batch_tokens:
-            budget = max(budget, -(-self._prompt_backlog(prefilling) // _DRAIN_STEPS))
-        return min(self.max_batch_tokens, max(_MIN_PROMPT_CHUNK, budget))
-
-    def _step_target_s(self, rows: list[ScheduledChunk]) -> float:
-        """The stall-free target of a step whose decode rows are `rows` (0 = none): the
-        larger of `itl_target_s` and `itl_target_ratio` × the rows' expected time, when
-        one of them is streamed; a collected request (`stream: false`) reads nothing
-        before its end, so a step of those alone takes the whole budget."""
-        policy = self.policy
-        if policy.itl_target_s <= 0 and policy.itl_target_ratio <= 0:
-            return 0.0
-        if not any(chunk.request.streamed for chunk in rows):
-            return 0.0
-        target_s = policy.itl_target_s
-        if policy.itl_target_ratio > 0:
-            decode_s = self.step_cost.predict_s(len(rows), 0)
-            target_s = max(target_s, policy.itl_target_ratio * decode_s)
-        return target_s
-
-    def _draft_cost_bound(self, target_s: float, decoding: int, taken: int) -> float:
-        """Under a stall-free target, how many times the cost of its decode rows alone a
-        step may reach with its drafts (1: none, when `taken` prompt tokens already use
-        the step's time); else 0 (no bound). A verification step makes the streams' next
-        token wait just as a prompt chunk does: at c = 1 a 12-token draft of SmolLM2
-        takes about 7 one-row steps, the stream's ITL p99."""
-        if target_s <= 0 or decoding == 0:
-            return 0.0  # no target: nothing more to compute on this path (every step)
-        decode_s = self.step_cost.predict_s(decoding, 0)
-        if decode_s <= 0:
-            return 0.0
-        if taken:
-            return 1.0
-        return max(1.0, target_s / decode_s)
 
     def _prompt_backlog(self, prefilling: list[Request]) -> int:
         """Prompt tokens still to compute: of the prompts being prefilled, and of the

@@ -4,8 +4,8 @@ runtime.swa_full (pure config arithmetic; the memory itself is measured in bench
 from __future__ import annotations
 
 from inferflux.config.loader import load_settings
+from inferflux.engine.engine_build import _prefix_cache, worker_config
 from inferflux.engine.protocol import ModelInfo
-from inferflux.engine.worker import _prefix_cache, worker_config
 
 INFO = ModelInfo(
     model_id="smol",

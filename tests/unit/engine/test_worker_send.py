@@ -13,6 +13,7 @@ import zmq
 
 from inferflux.config.settings import ObservabilitySettings, SchedulerSettings
 from inferflux.engine.backends.llama_cpp import ContextConfig
+from inferflux.engine.engine_build import WorkerConfig
 from inferflux.engine.heartbeat import Heartbeat, StepClock
 from inferflux.engine.messages import (
     EngineOutput,
@@ -27,7 +28,7 @@ from inferflux.engine.messages import (
     decode_output,
     encode,
 )
-from inferflux.engine.worker import WorkerConfig, _WorkerLoop
+from inferflux.engine.worker import _WorkerLoop
 from inferflux.scheduler.policy import SchedulingPolicy
 from inferflux.scheduler.request import PriorityClass
 
