@@ -15,6 +15,16 @@ For every prompt of a `bench/speculative.py` workload, in process (no server):
    draft length to finish the output in the least time (dynamic programming; it may pad
    a draft with rows it knows are wrong where the wider step is cheaper).
 
+`--output-of on` computes the runs and the oracle over the output that speculation
+produces instead: an EngineCore built as `inferflux serve` builds one (speculation on)
+generates it. A verification step's logits differ from a one-row step's in the last
+bits, so on a prompt the model may rewrite rather than copy the two greedy outputs can
+part (BENCHMARKS, eighteenth session); the bound over off's output then says little of
+what the server can reach. The report then also has the engine's own time for it
+(`on_measured_s`, prefill included) and its drafted and accepted tokens. `--round R` puts
+`bench/spec_paired.py`'s tag of round R before each prompt, so the outputs are those of
+that round's requests.
+
 The bound is off's time over the oracle's, both with the same measured prefill: no
 drafter of that kind, verified on this model and these cores, reaches more. Server
 overhead per step (scheduling, streaming) is left out of both, which favours the
@@ -26,6 +36,7 @@ generation took.
 
     .venv/bin/python bench/spec_bound.py --model gemma3 --workload edit
     .venv/bin/python bench/spec_bound.py --model smollm2 --workload edit,quote --json /tmp/b.json
+    .venv/bin/python bench/spec_bound.py --model gemma3 --workload edit --output-of on --round 1
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ import speculative as spec_bench
 from compare.models import load_model
 from inferflux.engine.backends.llama_cpp import ContextConfig, LlamaCppBackend, LlamaTokenizer
 from inferflux.engine.chat_template import ChatTemplate
+from inferflux.engine.core import EngineCore
+from inferflux.engine.messages import AddRequest, SamplingParams
 from inferflux.engine.speculative import NgramIndex
 from verify_rows import GREEDY, measure
 
@@ -91,6 +104,28 @@ def generate(backend: LlamaCppBackend, prompt: list[int], max_tokens: int) -> Ge
     sampler.close()
     backend.free_seq(0)
     return Generation(prompt, output, prefill_s, decode_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Drafted:
+    output: list[int]
+    seconds: float  # prefill included
+    drafted: int
+    accepted: int
+
+
+def generate_on(core: EngineCore, prompt: list[int], max_tokens: int, name: str) -> Drafted:
+    """Greedy output of `prompt` through `core` (speculation as the server runs it)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    started = time.perf_counter()
+    core.add_request(AddRequest(request_id=name, prompt_token_ids=prompt, sampling=params))
+    output: list[int] = []
+    while True:
+        for delta in core.step():
+            output.extend(delta.token_ids)
+            if delta.finish_reason is not None:  # its draft counts are the request's totals
+                seconds = time.perf_counter() - started
+                return Drafted(output, seconds, delta.num_draft_tokens, delta.num_draft_accepted)
 
 
 def ngram_runs(prompt: list[int], output: list[int], k: int) -> list[int]:
@@ -151,17 +186,26 @@ def oracle_cost(runs: list[int], step_s: dict[int, float], k_max: int) -> tuple[
 def run(args: Any) -> dict[str, Any]:
     model = load_model(args.model)
     tokenizer = LlamaTokenizer(model.path)
+    tag = (lambda i: f"Request {args.round}.{i + 1}. ") if args.round else (lambda i: "")
     prompts = {
-        w: [prompt_tokens(tokenizer, p) for p in spec_bench._prompts(w)] for w in args.workloads
+        w: [prompt_tokens(tokenizer, tag(i) + p) for i, p in enumerate(spec_bench._prompts(w))]
+        for w in args.workloads
     }
     tokenizer.close()
     longest = max(len(p) for ps in prompts.values() for p in ps)
     n_ctx = longest + args.max_tokens + args.k_max + 16
     config = ContextConfig(model.path, n_ctx, 1, 512, args.threads, args.threads, False)
     backend = LlamaCppBackend(config)
+    core = None
+    if args.output_of == "on":
+        from engine_limit import load_engine  # the server's settings, speculation on
+
+        core = load_engine(model.path, None)[2]
     report: dict[str, Any] = {
         "model": os.path.basename(model.path),
         "threads": args.threads,
+        "output_of": args.output_of,
+        "round": args.round,
         "workloads": [],
     }
     for workload, workload_prompts in prompts.items():
@@ -174,9 +218,17 @@ def run(args: Any) -> dict[str, Any]:
             step_s[rows] = decode_s + sample_s
         totals = dict.fromkeys(("prefill", "off", "ngram", "any", "off_measured"), 0.0)
         tokens = accepted_ngram = accepted_any = 0
+        on = {"seconds": 0.0, "drafted": 0, "accepted": 0, "outputs_differ": 0}
         generations = []
-        for prompt in workload_prompts:
+        for i, prompt in enumerate(workload_prompts):
             gen = generate(backend, prompt, args.max_tokens)
+            if core is not None:
+                drafted = generate_on(core, prompt, args.max_tokens, f"{workload}-{i}")
+                on["seconds"] += drafted.seconds
+                on["drafted"] += drafted.drafted
+                on["accepted"] += drafted.accepted
+                on["outputs_differ"] += drafted.output != gen.output
+                gen = Generation(prompt, drafted.output, gen.prefill_s, gen.decode_s)
             generations.append({"prompt": gen.prompt, "output": gen.output})
             n = len(gen.output)
             tokens += n
@@ -212,6 +264,10 @@ def run(args: Any) -> dict[str, Any]:
             "decode_bound_ngram": round(totals["off"] / totals["ngram"], 3),
             "decode_bound_any_copy": round(totals["off"] / totals["any"], 3),
         }
+        if core is not None:  # off_measured_s is then of off's own output, not this one
+            row["on_measured_s"] = round(on["seconds"], 3)
+            row["on_drafted"], row["on_accepted"] = on["drafted"], on["accepted"]
+            row["prompts_whose_outputs_differ"] = on["outputs_differ"]
         report["workloads"].append(row)
         # what bench/spec_policy.py replays: the outputs and the measured step costs
         report.setdefault("generations", {})[workload] = {
@@ -221,6 +277,8 @@ def run(args: Any) -> dict[str, Any]:
         }
         print(json.dumps(row), flush=True)
     backend.close()
+    if core is not None:
+        core.close()
     return report
 
 
@@ -232,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-max", type=int, default=32, help="the longest draft (the server's cap)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--output-of",
+        choices=("off", "on"),
+        default="off",
+        help="whose greedy output the oracle runs over: one-row steps, or the engine's "
+        "with speculation on",
+    )
+    p.add_argument("--round", type=int, default=0, help="spec_paired.py's tag of this round")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.workloads = args.workload.split(",")
