@@ -398,7 +398,7 @@ def test_the_step_cost_model_learns_steps_without_their_kv_operations(
     Here the first step's KV operations are held up 1.5 s: the model must not see it."""
     engine = make_core(smollm2_model_path)
     observed: list[float] = []
-    observe, apply = engine.scheduler.observe_step, engine._apply_kv_ops
+    observe, apply = engine.scheduler.observe_step, engine.kv.apply
     delays = [1.5]
 
     def slow_ops(ops: list[KvOp]) -> set[str]:
@@ -410,7 +410,7 @@ def test_the_step_cost_model_learns_steps_without_their_kv_operations(
         observed.append(seconds)
         observe(decoding, tokens, seconds)
 
-    engine._apply_kv_ops = slow_ops  # type: ignore[method-assign]
+    engine.kv.apply = slow_ops  # type: ignore[method-assign]
     engine.scheduler.observe_step = record  # type: ignore[method-assign]
     try:
         started = time.monotonic()

@@ -316,7 +316,7 @@ class EngineCore:
         deltas.extend(self._admit_prepared())
         output = self.scheduler.schedule()
         deltas.extend(self._timed_out(r) for r in output.timed_out)
-        recompute = self._apply_kv_ops(output.kv_ops)
+        recompute = self.kv.apply(output.kv_ops)
         chunks = [c for c in output.chunks if c.request.request_id not in recompute]
         if not chunks:
             return deltas
@@ -440,9 +440,6 @@ class EngineCore:
             return len(chunk.token_ids)
         return 1 + len(chunk.draft_token_ids) if chunk.sample else 0
 
-    def _apply_kv_ops(self, ops: list[KvOp]) -> set[RequestId]:
-        return self.kv.apply(ops)  # (kv_apply.py) one method, so a test can wrap it
-
     def _timed_out(self, request: Request) -> RequestDelta:
         self._recorder.on_finished(request, FinishReason.TIMEOUT)
         if self.speculator is not None:
@@ -479,7 +476,7 @@ class EngineCore:
         finally:
             held, self._held_kv_ops = self._held_kv_ops, None
             if held:  # the step loop runs this every step: no spill check when none finished
-                self._apply_kv_ops(held)
+                self.kv.apply(held)
         return deltas
 
     def _hand_off(self, request: Request, seq_id: int) -> RequestDelta:
@@ -591,7 +588,7 @@ class EngineCore:
         if self._held_kv_ops is not None:
             self._held_kv_ops.extend(ops)  # after the step's last row is sampled
         else:
-            self._apply_kv_ops(ops)
+            self.kv.apply(ops)
         state = self._states.pop(request.request_id)
         self._unpin(request.request_id)
         if self.handoffs is not None:
